@@ -14,15 +14,23 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not 
 
 
 def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    # files starting with "_" are shared bases (conf/algo/_common.yaml), not choices
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
-CASES = [(g, o) for g in GROUPS for o in _options(g) if g not in ("sweep",)]
+# Nested groups are appended to a parent choice: ragen2-train algo=ppo +algo/critic=separate
+NESTED = {"algo/critic": "algo=ppo", "algo/kl_reward": "algo=grpo"}
+CASES = [(g, o, f"{g}={o}") for g in GROUPS for o in _options(g) if g not in ("sweep",)]
+CASES += [(g, o, f"+{g}={o}") for g in NESTED for o in _options(g)]
 
 
-@pytest.mark.parametrize(("group", "option"), CASES, ids=[f"{g}={o}" for g, o in CASES])
-def test_group_option_composes_and_instantiates(group: str, option: str, tmp_path: Path) -> None:
-    cfg = compose([f"{group}={option}", "model=tiny"], run_dir=str(tmp_path))
+@pytest.mark.parametrize(("group", "option", "override"), CASES, ids=[c[2] for c in CASES])
+def test_group_option_composes_and_instantiates(
+    group: str, option: str, override: str, tmp_path: Path
+) -> None:
+    cfg = compose(
+        [*([NESTED[group]] if group in NESTED else []), override, "model=tiny"], run_dir=str(tmp_path)
+    )
     data = instantiate(cfg.data)
     module = instantiate(cfg.module)
     assert data.env.id == cfg.env.id

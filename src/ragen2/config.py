@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+# ${ragen2.tokens:a,b}: a token count as the floored product (Dr.GRPO's constant = tokens per turn × turns,
+# DAPO's overlong buffer = a fraction of the per-turn limit)
+OmegaConf.register_new_resolver("ragen2.tokens", lambda *xs: math.floor(math.prod(xs)), replace=True)
 
 CONF_DIR = Path(os.environ.get("RAGEN2_CONF", Path(__file__).resolve().parents[2] / "conf"))
 

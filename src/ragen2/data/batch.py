@@ -19,11 +19,13 @@ class RolloutBatch:
     input_ids: torch.Tensor  # [B, T] final sequences, right-padded
     attention_mask: torch.Tensor  # [B, T] 1 on real tokens
     loss_mask: torch.Tensor  # [B, T] 1 exactly where the policy sampled the token
-    turn_index: torch.Tensor  # [B, T] turn number (1, 2, …) of sampled tokens, 0 elsewhere
+    turn_index: torch.Tensor  # [B, T] turn number (1, 2, …) of tokens in the loss mask, 0 elsewhere
     sampler_logprobs: torch.Tensor  # [B, T] the sampler's log-prob of sampled tokens, NaN if unknown
-    token_rewards: torch.Tensor  # [B, T] episode return on the episode's last sampled token
-    turn_rewards: torch.Tensor  # [B, T] each turn's reward + penalty on that turn's last sampled token
-    returns: torch.Tensor  # [B] episode returns (turn rewards + format penalties)
+    token_rewards: torch.Tensor  # [B, T] episode return on the last token in the loss mask
+    # [B, T] each turn's reward + penalty on that turn's last sampled token (OverlongShaping moves a
+    # turn it drops from the loss mask onto the previous turn still in it)
+    turn_rewards: torch.Tensor
+    returns: torch.Tensor  # [B] episode returns (turn rewards + format penalties + shaping)
     group_index: torch.Tensor  # [B] group of each episode, 0..G-1
     group_scores: torch.Tensor  # [G] the filter's score per group
     keep: torch.Tensor  # [G] bool: groups the update trains on

@@ -1,18 +1,52 @@
-"""Advantage estimators as config objects (``algo.advantage``): a batch in, [B, T] advantages out."""
+"""Advantage estimators and reward terms as config objects (``algo.advantage``, ``algo.kl_reward``).
+
+An estimator takes the kept batch (and the critic's values when it ``needs_values``) and returns
+``Advantages``: [B, T] advantages, zero off the loss mask, and the value targets (critics only).
+Which rewards a token estimator reads is a config key: ``turn`` puts each turn's reward (plus its
+format penalty) on that turn's last sampled token, so a turn is credited with what follows it;
+``episode`` puts the whole return on the last sampled token, as the reference does.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import replace
+from typing import ClassVar, NamedTuple, Protocol
 
 import torch
 
+from ragen2.algos.advantages import bilevel_gae, gae, whiten
+from ragen2.algos.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
+from ragen2.algos.logprobs import masked_mean
 from ragen2.data.batch import RolloutBatch
+
+REWARDS = {"turn": "turn_rewards", "episode": "token_rewards"}
+
+
+class Advantages(NamedTuple):
+    advantages: torch.Tensor  # [B, T], 0 off the loss mask
+    returns: torch.Tensor | None  # [B, T] value targets (critic estimators), else None
 
 
 class AdvantageEstimator(Protocol):
-    def __call__(self, batch: RolloutBatch) -> torch.Tensor:  # [B, T], zero off the loss mask
-        ...
+    needs_values: ClassVar[bool]
+
+    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages: ...
+
+
+def _reward_field(reward: str) -> str:
+    if reward not in REWARDS:
+        raise ValueError(
+            f"algo.advantage.reward={reward!r} is unknown; choose one of {sorted(REWARDS)} "
+            "(turn: each turn's reward at its end; episode: the return at the last sampled token)"
+        )
+    return REWARDS[reward]
+
+
+def turn_ends(turn_index: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: the last sampled token of each turn (turn ids are contiguous spans, 0 elsewhere)."""
+    nxt = torch.nn.functional.pad(turn_index[:, 1:], (0, 1))  # [B, T] the id of the following token
+    return (turn_index > 0) & (nxt != turn_index)
 
 
 class OutcomeAdvantage:
@@ -22,9 +56,127 @@ class OutcomeAdvantage:
     whole groups, so the group statistics of a kept group are those of the unfiltered batch.
     """
 
+    needs_values: ClassVar[bool] = False
+
     def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         self.fn = fn
 
-    def __call__(self, batch: RolloutBatch) -> torch.Tensor:
+    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
         adv = self.fn(batch.returns, batch.group_index).to(batch.loss_mask.dtype)  # [B]
-        return adv[:, None] * batch.loss_mask  # [B, T]
+        return Advantages(adv[:, None] * batch.loss_mask, None)
+
+
+class GroupTokenAdvantage:
+    """Group baselines whitened over tokens (REINFORCE++-baseline): ``fn(returns, group_index, mask) -> [B, T]``."""
+
+    needs_values: ClassVar[bool] = False
+
+    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.fn = fn
+
+    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
+        return Advantages(self.fn(batch.returns, batch.group_index, batch.loss_mask), None)
+
+
+class TokenAdvantage:
+    """Token-level returns without a critic (REINFORCE++): ``fn(rewards[B, T], mask) -> (adv, returns)``."""
+
+    needs_values: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        reward: str = "turn",
+    ) -> None:
+        self.fn = fn
+        self.field = _reward_field(reward)
+
+    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
+        adv, _ = self.fn(getattr(batch, self.field), batch.loss_mask)
+        return Advantages(adv, None)
+
+
+class GAEAdvantage:
+    """PPO's GAE over response tokens with the critic's values, advantages whitened over the kept batch.
+
+    ``bilevel=True`` is RAGEN's bi-level GAE: turn-level GAE over turn ends with ``turn_gamma``, then
+    token-level GAE inside each turn (``ragen2.algos.advantages.bilevel_gae``); it reads turn rewards.
+    Returns (the value targets) are A + V before whitening, as verl.
+    """
+
+    needs_values: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        reward: str = "turn",
+        whiten_advantages: bool = True,
+        bilevel: bool = False,
+        turn_gamma: float = 1.0,
+    ) -> None:
+        for key, v in (("gamma", gamma), ("lam", lam), ("turn_gamma", turn_gamma)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"algo.advantage.{key}={v} must be in [0, 1]")
+        if bilevel and reward != "turn":
+            raise ValueError(
+                f"algo.advantage.bilevel=true needs reward='turn' (got {reward!r}): bi-level GAE credits each turn's reward"
+            )
+        self.gamma, self.lam, self.turn_gamma = gamma, lam, turn_gamma
+        self.field = _reward_field(reward)
+        self.whiten = whiten_advantages
+        self.bilevel = bilevel
+
+    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
+        if values is None:
+            raise ValueError(
+                "GAEAdvantage needs the critic's values: use it with algo=ppo (ActorCriticModule)"
+            )
+        rewards, mask = getattr(batch, self.field), batch.loss_mask
+        adv, returns = (
+            bilevel_gae(
+                rewards, values, mask, turn_ends(batch.turn_index), self.gamma, self.lam, self.turn_gamma
+            )
+            if self.bilevel
+            else gae(rewards, values, mask, self.gamma, self.lam)
+        )
+        return Advantages(whiten(adv, mask) if self.whiten else adv, returns)
+
+
+class KLInReward:
+    """KL to the reference as a per-token reward, −β·KL(old ‖ ref), with a fixed or adaptive β.
+
+    Applied to the kept batch before the advantages (verl ``apply_kl_penalty``): it lands on every
+    sampled token of ``token_rewards`` and ``turn_rewards`` and its sum on ``returns``, so outcome and
+    token estimators both see it. The controller then moves β toward its target from the batch's
+    mean per-token KL (per sequence, then over sequences).
+    """
+
+    def __init__(self, controller: FixedKLController | AdaptiveKLController, kind: str = "k1") -> None:
+        if kind not in KL_KINDS:
+            raise ValueError(f"algo.kl_reward.kind={kind!r} is unknown; choose one of {KL_KINDS}")
+        self.controller = controller
+        self.kind = kind
+
+    def __call__(
+        self, batch: RolloutBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor
+    ) -> tuple[RolloutBatch, dict[str, float]]:
+        mask = batch.loss_mask
+        kl = kl_penalty(old_logp, ref_logp, self.kind) * mask  # [B, T]
+        beta = self.controller.value
+        penalty = -beta * kl
+        seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1.0))[mask.sum(-1) > 0]  # [B'] per-token mean
+        current = float(seq_kl.mean()) if seq_kl.numel() else 0.0
+        self.controller.update(current, n_steps=int(mask.shape[0]))
+        shaped = replace(
+            batch,
+            token_rewards=batch.token_rewards + penalty,
+            turn_rewards=batch.turn_rewards + penalty,
+            returns=batch.returns + penalty.sum(-1),
+        )
+        stats = {
+            "kl_reward/kl": current,
+            "kl_reward/coef": beta,
+            "kl_reward/penalty": float(masked_mean(penalty.sum(-1), (mask.sum(-1) > 0).to(mask.dtype))),
+        }
+        return shaped, stats

@@ -14,8 +14,8 @@ import copy
 import math
 import random
 import time
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import lightning as L
 import numpy as np
@@ -24,20 +24,25 @@ from torch.utils.checkpoint import checkpoint
 
 from ragen2.algos.filters import loss_scale
 from ragen2.algos.kl import kl_penalty
-from ragen2.algos.losses import aggregate
+from ragen2.algos.logprobs import masked_mean
+from ragen2.algos.losses import AGG_MODES, aggregate
 from ragen2.data.batch import RolloutBatch
 from ragen2.diagnostics.cross_scoring import cross_score
 from ragen2.diagnostics.metric import MIMetric
 from ragen2.models.loading import load_model
-from ragen2.modules.estimators import AdvantageEstimator
+from ragen2.modules.estimators import AdvantageEstimator, KLInReward
+from ragen2.modules.objectives import PolicyObjective
 
-PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+def trunk_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[b, T] ids -> [b, T, H] last hidden states of the causal LM's decoder (no LM head)."""
+    return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def sampled_logprobs(
+def head_logprobs(
     model: Any,
+    hidden: torch.Tensor,  # [b, T, H]
     input_ids: torch.Tensor,  # [b, T]
-    attention_mask: torch.Tensor,  # [b, T]
     loss_mask: torch.Tensor,  # [b, T]
     temperature: float = 1.0,
     with_entropy: bool = False,
@@ -45,10 +50,9 @@ def sampled_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the tokens at loss-masked positions -> [b, T] (0 elsewhere).
 
-    The trunk runs once; the LM head only on positions that predict a sampled token, in checkpointed
-    chunks, so no [b, T, V] tensor ever exists.
+    The LM head runs only on positions that predict a sampled token, in checkpointed chunks, so no
+    [b, T, V] tensor ever exists.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     head = model.get_output_embeddings()
     target = loss_mask[:, 1:].bool()  # position p predicts token p+1
     h = hidden[:, :-1][target]  # [N, H]
@@ -82,6 +86,20 @@ def sampled_logprobs(
     return logp, entropy
 
 
+def sampled_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,  # [b, T]
+    attention_mask: torch.Tensor,  # [b, T]
+    loss_mask: torch.Tensor,  # [b, T]
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the sampled tokens: the trunk once, then ``head_logprobs``."""
+    hidden = trunk_hidden(model, input_ids, attention_mask)
+    return head_logprobs(model, hidden, input_ids, loss_mask, temperature, with_entropy, chunk)
+
+
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Split rows (in order) into groups whose padded size (rows × longest) fits ``max_tokens``."""
     groups: list[list[int]] = []
@@ -98,17 +116,42 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
+@dataclass
+class UpdateInputs:
+    """What every mini-batch of one iteration reads: [B, T] tensors over the kept rows."""
+
+    old_logp: torch.Tensor  # filled lazily for first-mini-batch rows (see ``known``)
+    known: torch.Tensor  # [B] bool: old_logp is set for the row
+    ref_logp: torch.Tensor | None
+    advantages: torch.Tensor
+    values: torch.Tensor | None = None  # the critic's values before the update (PPO)
+    returns: torch.Tensor | None = None  # value targets (PPO)
+
+
 class PolicyModule(L.LightningModule):
+    """The critic-free policy-gradient module: GRPO, Dr.GRPO, DAPO, RLOO, REINFORCE++ and GSPO.
+
+    Each algorithm is this module plus an advantage estimator and a policy objective from its
+    ``conf/algo/<name>.yaml``. Where it departs from the paper's code: old log-probs are recomputed by
+    the training model, never taken from the sampler; group statistics come from whole kept groups;
+    an empty filtered batch skips the update instead of failing; KL in the reward and KL in the loss
+    are separate terms, and the reference model exists only when one of them is on.
+    """
+
+    uses_critic: ClassVar[bool] = False
+
     def __init__(
         self,
         model: dict[str, Any],
         advantage: AdvantageEstimator,
-        policy_loss: PolicyLoss,
+        policy_loss: PolicyObjective,
         optim: dict[str, Any],
         loss_agg: str = "token-mean",
+        loss_norm: float | None = None,
         entropy_coef: float = 0.001,
         kl_coef: float = 0.0,
         kl_kind: str = "low_var_kl",
+        kl_reward: KLInReward | None = None,
         epochs: int = 1,
         mini_batch_size: int = 8,
         max_tokens_per_micro_batch: int = 4096,
@@ -120,14 +163,29 @@ class PolicyModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
+        if advantage.needs_values != self.uses_critic:
+            raise ValueError(
+                f"algo.advantage={type(advantage).__name__} "
+                + (
+                    "needs a critic's values: use algo=ppo (ragen2.modules.ActorCriticModule)"
+                    if advantage.needs_values
+                    else f"does not use a critic, but the module is {type(self).__name__}: use GAEAdvantage"
+                )
+            )
+        if loss_agg not in AGG_MODES:
+            raise ValueError(f"algo.loss_agg={loss_agg!r} is unknown; choose one of {AGG_MODES}")
+        if loss_norm is not None and loss_norm <= 0:
+            raise ValueError(f"algo.loss_norm={loss_norm} must be > 0, or null for the mask width")
         self.model_cfg = dict(model)
         self.advantage = advantage
         self.policy_loss = policy_loss
         self.optim_cfg = dict(optim)
         self.loss_agg = loss_agg
+        self.loss_norm = loss_norm
         self.entropy_coef = entropy_coef
         self.kl_coef = kl_coef
         self.kl_kind = kl_kind
+        self.kl_reward = kl_reward
         if epochs < 1 or mini_batch_size < 1:
             raise ValueError(f"algo.epochs={epochs} and algo.mini_batch_size={mini_batch_size} must be ≥ 1")
         self.epochs = epochs
@@ -144,6 +202,10 @@ class PolicyModule(L.LightningModule):
         self.mi_first_turn = MIMetric()
 
     # ---- model ------------------------------------------------------------------------------
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0 or self.kl_reward is not None
+
     def configure_model(self) -> None:
         if self.policy is not None:
             return
@@ -152,18 +214,25 @@ class PolicyModule(L.LightningModule):
             self.policy.gradient_checkpointing_enable()
         self.policy.config.use_cache = False
         self.policy.train()
-        if self.kl_coef > 0:  # the frozen reference exists only when a KL term uses it
+        if self.needs_reference:  # the frozen reference exists only when a KL term uses it
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
+
+    def _param_groups(self) -> list[dict[str, Any]]:
+        """One optimizer, one parameter group per trained part (two optimizers would double global_step)."""
+        cfg = self.optim_cfg
+        return [
+            {
+                "name": "policy",
+                "params": [p for p in self.policy.parameters() if p.requires_grad],
+                "lr": cfg["lr"],
+                "weight_decay": cfg.get("weight_decay", 0.0),
+                "max_norm": cfg.get("grad_clip", 1.0),
+            }
+        ]
 
     def configure_optimizers(self) -> Any:
         cfg = self.optim_cfg
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params,
-            lr=cfg["lr"],
-            weight_decay=cfg.get("weight_decay", 0.0),
-            betas=tuple(cfg.get("betas", (0.9, 0.999))),
-        )
+        optimizer = torch.optim.AdamW(self._param_groups(), betas=tuple(cfg.get("betas", (0.9, 0.999))))
         warmup = int(cfg.get("warmup_steps", 0))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -174,6 +243,7 @@ class PolicyModule(L.LightningModule):
         # plain tensors and numbers only: Lightning loads checkpoints with torch.load(weights_only=True)
         checkpoint["ragen2"] = {
             "empty_streak": self.empty_streak,
+            "kl_reward_coef": None if self.kl_reward is None else self.kl_reward.controller.value,
             "rng": {
                 "torch": torch.get_rng_state(),
                 "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
@@ -184,6 +254,8 @@ class PolicyModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("ragen2", {})
         self.empty_streak = int(state.get("empty_streak", 0))
+        if self.kl_reward is not None and state.get("kl_reward_coef") is not None:
+            self.kl_reward.controller.value = float(state["kl_reward_coef"])
         rng = state.get("rng")
         if rng is not None:
             torch.set_rng_state(rng["torch"])
@@ -200,6 +272,15 @@ class PolicyModule(L.LightningModule):
             lp, _ = sampled_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature)
             parts.append(self._pad_to(lp, batch.input_ids))
         return torch.cat(parts)
+
+    def _score_rollouts(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Pre-update [B, T] log-probs of the rows (and the critic's values: ``ActorCriticModule``)."""
+        return self._logprobs(self.policy, batch), None
+
+    @property
+    def _old_logp_up_front(self) -> bool:
+        """Whether every row's old log-probs are needed before the first step (KL in the reward reads them)."""
+        return self.kl_reward is not None
 
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         start = time.perf_counter()
@@ -225,21 +306,33 @@ class PolicyModule(L.LightningModule):
         self.empty_streak = 0
         metrics["filter/skipped"] = 0.0
         train = batch.select(kept)
-        order = self._minibatch_order(train.input_ids.shape[0], it)
+        n = train.input_ids.shape[0]
+        order = self._minibatch_order(n, it)
         # The first mini-batch is trained before any step: its old log-probs are the training forward's own,
         # detached. Only rows trained after a step need a separate pre-update forward.
+        first = set() if self._old_logp_up_front else set(order[0][0].tolist())
+        rest = torch.tensor(sorted(set(range(n)) - first), dtype=torch.long)
         old_logp = torch.zeros_like(train.loss_mask)
-        known = torch.zeros(train.input_ids.shape[0], dtype=torch.bool)
-        rest = torch.tensor(sorted(set(range(len(known))) - set(order[0][0].tolist())), dtype=torch.long)
+        known = torch.zeros(n, dtype=torch.bool)
+        values = None
         with torch.no_grad():
             if rest.numel():
-                old_logp[rest] = self._pad_to(self._logprobs(self.policy, train.select(rest)), old_logp)
+                lp, v = self._score_rollouts(train.select(rest))
+                old_logp[rest] = self._pad_to(lp, old_logp)
                 known[rest] = True
+                values = (
+                    None if v is None else self._pad_to(v, old_logp)
+                )  # rest = every row when values exist
             ref_logp = self._logprobs(self.ref_policy, train) if self.ref_policy is not None else None
-        advantages = self.advantage(train) * loss_scale(
-            float(metrics.get("filter/kept_ratio", 1.0)), self.loss_scaling
-        )
-        metrics.update(self._update(train, order, old_logp, known, ref_logp, advantages))
+        if self.kl_reward is not None:
+            assert ref_logp is not None
+            train, kl_stats = self.kl_reward(train, old_logp, ref_logp)
+            metrics.update({f"train/{k}": v for k, v in kl_stats.items()})
+        est = self.advantage(train, values)
+        scale = loss_scale(float(metrics.get("filter/kept_ratio", 1.0)), self.loss_scaling)
+        inputs = UpdateInputs(old_logp, known, ref_logp, est.advantages * scale, values, est.returns)
+        metrics.update(self._advantage_stats(train, inputs))
+        metrics.update(self._update(train, order, inputs, it))
         sampled = train.sampler_logprobs
         compared = train.loss_mask.bool() & ~torch.isnan(sampled)
         if bool(compared.any()):
@@ -248,6 +341,14 @@ class PolicyModule(L.LightningModule):
             metrics["rollout/logprob_gap_max"] = float(gap.abs().max())
         metrics["time/update"] = time.perf_counter() - start
         self._log(metrics)
+
+    def _advantage_stats(self, batch: RolloutBatch, inputs: UpdateInputs) -> dict[str, float]:
+        mask = batch.loss_mask
+        adv = inputs.advantages
+        return {
+            "train/advantage_mean": float(masked_mean(adv, mask)),
+            "train/advantage_abs": float(masked_mean(adv.abs(), mask)),
+        }
 
     def _minibatch_order(self, n: int, iteration: int) -> list[list[torch.Tensor]]:
         """Per epoch, a seeded shuffle of the kept rows split into fixed-size mini-batches."""
@@ -260,86 +361,102 @@ class PolicyModule(L.LightningModule):
     def _pad_to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.pad(x, (0, like.shape[1] - x.shape[1]))
 
+    def _share(self, batch: RolloutBatch, idx: torch.Tensor, mini: torch.Tensor) -> float:
+        """The micro-batch's weight in its mini-batch's loss: its tokens (token-mean) or its non-empty rows."""
+        mask = batch.loss_mask
+        if self.loss_agg == "token-mean":
+            return float(mask[idx].sum()) / max(float(mask[mini].sum()), 1.0)
+        rows = (mask.sum(-1) > 0).float()
+        return float(rows[idx].sum()) / max(float(rows[mini].sum()), 1.0)
+
     def _update(
-        self,
-        batch: RolloutBatch,
-        order: list[list[torch.Tensor]],
-        old_logp: torch.Tensor,
-        known: torch.Tensor,
-        ref_logp: torch.Tensor | None,
-        advantages: torch.Tensor,
+        self, batch: RolloutBatch, order: list[list[torch.Tensor]], inputs: UpdateInputs, iteration: int
     ) -> dict[str, float]:
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        cfg = self.optim_cfg
         sums: dict[str, float] = {}
         steps = 0
         for minibatches in order:
             for mini in minibatches:
                 optimizer.zero_grad(set_to_none=True)
-                mini_tokens = float(batch.loss_mask[mini].sum())
                 lengths = batch.attention_mask[mini].sum(-1).tolist()
                 for rows in micro_batches(lengths, self.max_tokens):
                     idx = mini[torch.tensor(rows)]
-                    share = (
-                        float(batch.loss_mask[idx].sum()) / max(mini_tokens, 1.0)
-                        if self.loss_agg == "token-mean"
-                        else len(rows) / len(mini)
-                    )
-                    stats = self._micro_step(batch, idx, old_logp, known, ref_logp, advantages, share)
+                    share = self._share(batch, idx, mini)
+                    stats = self._micro_step(batch, idx, inputs, share, iteration)
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v * share
-                grad_norm = self._clip(cfg.get("grad_clip", 1.0))
+                self._before_step(iteration)
+                for k, v in self._clip().items():
+                    sums[k] = sums.get(k, 0.0) + v
                 optimizer.step()
                 scheduler.step()
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
                 steps += 1
         out = {f"train/{k}": v / max(steps, 1) for k, v in sums.items()}
         out["train/optimizer_steps"] = float(steps)
-        out["train/lr"] = float(scheduler.get_last_lr()[0])
+        for group, lr in zip(optimizer.optimizer.param_groups, scheduler.get_last_lr()):
+            out["train/lr" if group["name"] == "policy" else f"train/{group['name']}/lr"] = float(lr)
         return out
 
-    def _clip(self, max_norm: float) -> float:
-        params = [p for p in self.policy.parameters() if p.grad is not None]
-        norm = float(torch.nn.utils.get_total_norm([p.grad for p in params])) if params else 0.0
-        if max_norm and max_norm > 0:
-            self.clip_gradients(self.optimizers(), gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
-        return norm
+    def _before_step(self, iteration: int) -> None:
+        """Last look at the gradients before the optimizer step (the critic warm-up freezes the policy here)."""
+
+    def _clip(self) -> dict[str, float]:
+        """Clip each parameter group to its own ``max_norm``; returns the pre-clip norms."""
+        out = {}
+        for group in self.optimizers().optimizer.param_groups:
+            grads = [p for p in group["params"] if p.grad is not None]
+            max_norm = group.get("max_norm") or 0.0
+            if not grads:
+                norm = 0.0
+            elif max_norm > 0:
+                norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+            else:
+                norm = float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+            out["grad_norm" if group["name"] == "policy" else f"{group['name']}/grad_norm"] = norm
+        return out
+
+    def _actor_active(self, iteration: int) -> bool:
+        """Whether the policy loss is trained this iteration (``ActorCriticModule`` warms its critic up first)."""
+        return True
 
     def _micro_step(
-        self,
-        batch: RolloutBatch,
-        idx: torch.Tensor,
-        old_logp: torch.Tensor,
-        known: torch.Tensor,
-        ref_logp: torch.Tensor | None,
-        advantages: torch.Tensor,
-        share: float,
+        self, batch: RolloutBatch, idx: torch.Tensor, inputs: UpdateInputs, share: float, iteration: int
     ) -> dict[str, float]:
         mb = batch.select(idx)
         width = mb.input_ids.shape[1]
         mask = mb.loss_mask
-        logp, entropy = sampled_logprobs(
-            self.policy, mb.input_ids, mb.attention_mask, mask, self.temperature, with_entropy=True
+        hidden = trunk_hidden(self.policy, mb.input_ids, mb.attention_mask)
+        logp, entropy = head_logprobs(
+            self.policy, hidden, mb.input_ids, mask, self.temperature, with_entropy=True
         )
-        fresh = ~known[idx]  # rows seen for the first time before any step: on-policy, old = current
-        old_logp[idx[fresh], :width] = logp.detach()[fresh]
-        known[idx] = True
-        pg_loss, pg_stats = self.policy_loss(logp, old_logp[idx, :width], advantages[idx, :width], mask)
-        ent = aggregate(entropy, mask, self.loss_agg)
-        loss = pg_loss - self.entropy_coef * ent
-        stats = {
-            "pg_loss": float(pg_loss.detach()),
-            "entropy": float(ent.detach()),
-            **{k: float(v) for k, v in pg_stats.items()},
-        }
-        if ref_logp is not None:
-            kl = aggregate(kl_penalty(logp, ref_logp[idx, :width], self.kl_kind), mask, self.loss_agg)
-            loss = loss + self.kl_coef * kl
-            stats["kl"] = float(kl.detach())
+        assert entropy is not None
+        fresh = ~inputs.known[idx]  # rows seen for the first time before any step: on-policy, old = current
+        inputs.old_logp[idx[fresh], :width] = logp.detach()[fresh]
+        inputs.known[idx] = True
+        loss, stats = self._auxiliary_loss(mb, idx, hidden, inputs)
+        if self._actor_active(iteration):
+            pg_loss, pg_stats = self.policy_loss(
+                logp, inputs.old_logp[idx, :width], inputs.advantages[idx, :width], mask, mb.turn_index
+            )
+            ent = aggregate(entropy, mask, self.loss_agg, self.loss_norm)
+            loss = loss + pg_loss - self.entropy_coef * ent
+            stats.update(pg_loss=float(pg_loss.detach()), entropy=float(ent.detach()))
+            stats.update({k: float(v) for k, v in pg_stats.items()})
+            if inputs.ref_logp is not None and self.kl_coef > 0:
+                kl_tokens = kl_penalty(logp, inputs.ref_logp[idx, :width], self.kl_kind)
+                kl = aggregate(kl_tokens, mask, self.loss_agg, self.loss_norm)
+                loss = loss + self.kl_coef * kl
+                stats["kl"] = float(kl.detach())
         self.manual_backward(loss * share)
         stats["loss"] = float(loss.detach())
         return stats
+
+    def _auxiliary_loss(
+        self, mb: RolloutBatch, idx: torch.Tensor, hidden: torch.Tensor, inputs: UpdateInputs
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss terms beside the policy's (the value loss in ``ActorCriticModule``); none here."""
+        return hidden.new_zeros((), dtype=torch.float32), {}
 
     # ---- diagnostics ------------------------------------------------------------------------
     def _diagnostics_due(self, iteration: int) -> bool:

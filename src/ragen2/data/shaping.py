@@ -1,0 +1,147 @@
+"""DAPO's overlong reward shaping and overlong filtering, per turn (METHOD.md §6).
+
+``OverlongShaping`` maps a collated ``RolloutBatch`` to a new one (``dataclasses.replace``; the input is
+not touched): each turn's reward gains ``overlong_penalty`` of that turn's sampled length, and turns
+that hit the token limit (``finish_reason == "length"``) leave the loss mask when ``filter`` is on.
+The penalty flows into ``turn_rewards``, ``token_rewards`` and ``returns``, so every advantage estimator
+and dynamic sampling see it.
+
+Departures from DAPO / verl:
+- DAPO shapes one response per prompt (verl: ``reward_model.overlong_buffer.{len,penalty_factor}``
+  against ``max_response_length``). A multi-turn episode has one response per turn, and the sampler's
+  limit is per turn (``rollout.max_new_tokens``), so we penalise and filter each turn on its own.
+- DAPO's overlong filtering masks a whole truncated sample; we mask only the truncated turns. The
+  episode's return still counts them (group statistics see the whole episode), and the rewards of a
+  masked turn move to the previous turn still in the loss (the episode return to the last token still
+  in the loss), since rewards off the loss mask are dropped by the token-level estimators. With γ = 1
+  this is exactly treating the masked turn like env tokens. When no earlier turn is left in the loss,
+  those rewards reach the update only through ``returns``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from ragen2.agent.episode import Episode, Turn
+from ragen2.algos.losses import overlong_penalty
+from ragen2.data.batch import RolloutBatch
+
+__all__ = ["OverlongShaping"]
+
+
+@dataclass(frozen=True)
+class OverlongShaping:
+    """Soft overlong punishment on each turn's length, and overlong filtering of truncated turns.
+
+    A turn of L sampled tokens gains 0 for L ≤ max_len − cache_len, then a penalty falling linearly to
+    −penalty at L = max_len (and −penalty beyond). ``max_len=None`` takes the rollout's
+    ``max_new_tokens`` (``RolloutDataModule`` resolves it); ``filter`` drops turns that hit the limit
+    from the loss mask.
+    """
+
+    cache_len: int
+    penalty: float = 1.0
+    max_len: int | None = None
+    filter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.cache_len < 0:
+            raise ValueError(
+                f"data.shaping.cache_len={self.cache_len} must be ≥ 0 (0 = a hard cut at max_len). "
+                "Fix: e.g. data.shaping.cache_len=16, a quarter of rollout.max_new_tokens."
+            )
+        if self.penalty < 0:
+            raise ValueError(
+                f"data.shaping.penalty={self.penalty} must be ≥ 0 (it is subtracted). Fix: data.shaping.penalty=1.0"
+            )
+        if self.max_len is not None and self.max_len <= 0:
+            raise ValueError(
+                f"data.shaping.max_len={self.max_len} must be > 0. Fix: data.shaping.max_len=null (the "
+                "rollout's max_new_tokens)"
+            )
+        if self.max_len is not None and self.cache_len > self.max_len:
+            raise ValueError(
+                f"data.shaping.cache_len={self.cache_len} exceeds data.shaping.max_len={self.max_len}. "
+                "Fix: lower data.shaping.cache_len or raise data.shaping.max_len."
+            )
+
+    def resolve(self, max_new_tokens: int) -> OverlongShaping:
+        """This shaping with ``max_len`` filled in from the rollout's ``max_new_tokens`` when unset."""
+        if self.max_len is not None:
+            return self
+        if self.cache_len > max_new_tokens:
+            raise ValueError(
+                f"data.shaping.cache_len={self.cache_len} exceeds rollout.max_new_tokens={max_new_tokens} "
+                "(the default data.shaping.max_len). Fix: lower data.shaping.cache_len or set "
+                "data.shaping.max_len."
+            )
+        return replace(self, max_len=max_new_tokens)
+
+    def _limit(self) -> int:
+        if self.max_len is None:
+            raise ValueError(
+                "OverlongShaping.max_len is unset: call .resolve(max_new_tokens) first (RolloutDataModule does)"
+            )
+        return self.max_len
+
+    def turn_penalties(self, episodes: Sequence[Episode]) -> list[list[float]]:
+        """Per episode, per turn: the overlong penalty (≤ 0) of the turn's sampled length."""
+        lengths = torch.tensor([len(t.sampled_ids) for ep in episodes for t in ep.turns], dtype=torch.float32)
+        flat = overlong_penalty(lengths, self._limit(), self.cache_len, self.penalty).tolist()
+        out, at = [], 0
+        for ep in episodes:
+            out.append(flat[at : at + len(ep.turns)])
+            at += len(ep.turns)
+        return out
+
+    def _filtered(self, turn: Turn) -> bool:
+        return self.filter and turn.finish_reason == "length" and turn.end > turn.start
+
+    def __call__(self, batch: RolloutBatch) -> RolloutBatch:
+        """The batch with shaped rewards and (``filter``) truncated turns out of the loss mask."""
+        penalties = self.turn_penalties(batch.episodes)
+        loss_mask = batch.loss_mask.clone()
+        turn_index = batch.turn_index.clone()
+        turn_rewards = torch.zeros_like(batch.turn_rewards)
+        token_rewards = torch.zeros_like(batch.token_rewards)
+        returns = batch.returns.clone()
+        for i, (ep, pens) in enumerate(zip(batch.episodes, penalties, strict=True)):
+            anchor: int | None = None  # last position still in the loss mask
+            for turn, p in zip(ep.turns, pens, strict=True):
+                if turn.end == turn.start:  # nothing sampled: no token to hold a reward (as collate)
+                    continue
+                reward = turn.reward + turn.penalty + p
+                if self._filtered(turn):
+                    loss_mask[i, turn.start : turn.end] = 0.0
+                    turn_index[i, turn.start : turn.end] = 0
+                    if anchor is not None:
+                        turn_rewards[i, anchor] += reward
+                    continue
+                anchor = turn.end - 1
+                turn_rewards[i, anchor] = reward
+            shaped_return = ep.episode_return + sum(pens)
+            returns[i] = shaped_return
+            if anchor is not None:
+                token_rewards[i, anchor] = shaped_return
+        return replace(
+            batch,
+            loss_mask=loss_mask,
+            turn_index=turn_index,
+            turn_rewards=turn_rewards,
+            token_rewards=token_rewards,
+            returns=returns,
+        )
+
+    def metrics(self, episodes: Sequence[Episode]) -> dict[str, float]:
+        """Fractions over all turns: mean penalty, penalised turns, turns removed from the loss."""
+        pens = [p for ep_pens in self.turn_penalties(episodes) for p in ep_pens]
+        turns = [t for ep in episodes for t in ep.turns]
+        n = max(1, len(turns))
+        return {
+            "overlong_penalty_mean": sum(pens) / n,
+            "overlong_turns": sum(p < 0 for p in pens) / n,
+            "overlong_filtered_turns": sum(self._filtered(t) for t in turns) / n,
+        }

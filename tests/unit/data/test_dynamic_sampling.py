@@ -1,0 +1,165 @@
+"""DAPO dynamic sampling in the DataModule: real env, real tokenizer, scripted responses (no Trainer)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ragen2.agent.episode import Episode
+from ragen2.data import DynamicSampling, GroupFilter, RolloutBatch, RolloutDataModule, collate_episodes
+from ragen2.data.batch import returns_by_group
+from ragen2.data.sampling import regroup
+from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
+
+ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}
+NOT_SURE = "I am not sure what to do here"  # never closes </think>: −0.1 on each of 3 turns, return −0.3
+TENSORS = ("input_ids", "attention_mask", "loss_mask", "turn_index", "token_rewards", "turn_rewards")
+
+
+def _dm(responses: Sequence[str] = DEFAULT_RESPONSES, **kw: Any) -> RolloutDataModule:
+    return RolloutDataModule(
+        env=ENV,
+        tokenizer="tiny",
+        sampler=functools.partial(ScriptedSampler, responses=list(responses)),
+        filter=kw.pop("filter", GroupFilter(strategy="none")),
+        groups=4,
+        group_size=4,
+        max_new_tokens=32,
+        **kw,
+    )
+
+
+def _assert_same(a: RolloutBatch, b: RolloutBatch) -> None:
+    for name in (*TENSORS, "returns", "group_index", "keep"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert [(e.seed, e.group, e.sample, e.token_ids) for e in a.episodes] == [
+        (e.seed, e.group, e.sample, e.token_ids) for e in b.episodes
+    ]
+
+
+def test_without_sampling_the_batch_is_todays_single_round() -> None:
+    dm = _dm()
+    batch = dm.rollout(3)
+    # today's seeds: seed·1_000_003 + (iteration·world + rank)·groups = 12.. ; sampler seed 3·104_729
+    assert dm.train_seeds(3) == [12, 13, 14, 15] and dm.sample_seed(3) == 3 * 104_729
+    assert dm.runner is not None and dm.sampler is not None
+    episodes = dm.runner.collect(dm.sampler, [12, 13, 14, 15], 4, sample_seed=3 * 104_729)
+    today = collate_episodes(episodes, 4, dm.tokenizer.pad_token_id, 3)
+    _assert_same(batch, today)
+    assert not any(k.startswith("filter/dynamic") for k in batch.metrics)
+
+
+def test_round_zero_of_dynamic_sampling_is_todays_round() -> None:
+    plain, dynamic = _dm(), _dm(sampling=DynamicSampling(max_rounds=4))
+    assert dynamic.train_seeds(1, 0) == plain.train_seeds(1) and dynamic.sample_seed(
+        1, 0
+    ) == plain.sample_seed(1)
+    today = {(e.seed, e.sample): e.token_ids for e in plain.rollout(1).episodes}
+    batch = dynamic.rollout(1)
+    from_round_zero = [e for e in batch.episodes if e.seed in plain.train_seeds(1)]
+    assert from_round_zero, "round 0 kept no group: pick an iteration where it does"
+    for ep in from_round_zero:
+        assert ep.token_ids == today[(ep.seed, ep.sample)]
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups() -> None:
+    batch = _dm(sampling=DynamicSampling(max_rounds=4)).rollout(1)
+    m = batch.metrics
+    rounds = m["filter/dynamic_rounds"]
+    # with these seeds round 0 holds all-equal groups, so a second round was needed ...
+    assert rounds >= 2 and m["filter/dynamic_groups_dropped"] >= 1
+    assert m["filter/dynamic_groups_sampled"] == 4 * rounds
+    assert m["filter/dynamic_groups_kept"] == 4 and m["filter/dynamic_shortfall"] == 0
+    # ... and found more informative groups than were missing: the surplus was cut off
+    surplus = m["filter/dynamic_groups_sampled"] - m["filter/dynamic_groups_dropped"] - 4
+    assert surplus >= 1
+    # exactly `groups` groups, indexed densely, group_size episodes each, sharing one seed
+    assert batch.num_groups == 4 and batch.keep.all()
+    assert torch.bincount(batch.group_index).tolist() == [4, 4, 4, 4]
+    assert [e.group for e in batch.episodes] == batch.group_index.tolist()
+    seeds = [{e.seed for e in batch.episodes if e.group == g} for g in range(4)]
+    assert all(len(s) == 1 for s in seeds) and len(set.union(*seeds)) == 4
+    # no all-equal group reaches the kept rows
+    per_group = returns_by_group(batch.returns, batch.group_index, 4)[batch.keep]
+    assert ((per_group.max(1).values - per_group.min(1).values) > 1e-6).all()
+
+
+@pytest.mark.parametrize("filter", [GroupFilter(strategy="none"), GroupFilter()], ids=["none", "top_p"])
+def test_only_degenerate_groups_log_the_shortfall_and_train_nothing(filter: GroupFilter) -> None:
+    dm = _dm([NOT_SURE], sampling=DynamicSampling(max_rounds=3), filter=filter)
+    batch = dm.rollout(0)
+    m = batch.metrics
+    assert m["filter/dynamic_rounds"] == 3 and m["filter/dynamic_groups_sampled"] == 12
+    assert m["filter/dynamic_groups_dropped"] == 12 and m["filter/dynamic_groups_kept"] == 0
+    assert m["filter/dynamic_shortfall"] == 4
+    # the module's "kept no group" path: the last round's groups are there, none is kept
+    assert batch.kept_rows.numel() == 0 and batch.keep.tolist() == [False] * 4
+    assert m["filter/kept"] == 0 and m["filter/empty"] == 1
+    assert sorted({e.seed for e in batch.episodes}) == dm.train_seeds(0, 2)
+    assert batch.returns.tolist() == pytest.approx([-0.3] * 16)
+
+
+def test_same_iteration_twice_gives_the_same_batch() -> None:
+    a = _dm(sampling=DynamicSampling(max_rounds=4)).rollout(1)
+    b = _dm(sampling=DynamicSampling(max_rounds=4)).rollout(1)
+    _assert_same(a, b)
+    assert {k: v for k, v in a.metrics.items() if not k.startswith("time/")} == {
+        k: v for k, v in b.metrics.items() if not k.startswith("time/")
+    }
+
+
+def test_rollout_metrics_and_jsonl_cover_every_round(tmp_path: Path) -> None:
+    dm = _dm(sampling=DynamicSampling(max_rounds=4), save_jsonl=True, output_dir=str(tmp_path))
+    batch = dm.rollout(1)
+    rounds = int(batch.metrics["filter/dynamic_rounds"])
+    records = [json.loads(line) for line in (tmp_path / "rollouts.rank0.jsonl").read_text().splitlines()]
+    assert len(records) == rounds * 16 and {r["round"] for r in records} == set(range(rounds))
+    assert batch.metrics["rollout/return"] == pytest.approx(statistics.fmean(r["return"] for r in records))
+    kept = {(r["seed"], r["sample"]) for r in records if r["kept"]}
+    assert kept == {(e.seed, e.sample) for e in batch.episodes}
+
+
+def test_seeds_are_distinct_across_rounds_iterations_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = _dm(sampling=DynamicSampling(max_rounds=3))
+    instance, sampler = [], []
+    for rank in range(2):
+        monkeypatch.setattr(dm, "_rank", lambda rank=rank: (rank, 2))
+        for it in range(5):
+            for r in range(3):
+                instance += dm.train_seeds(it, r)
+                sampler.append(dm.sample_seed(it, r))
+    assert len(instance) == len(set(instance)) == 2 * 5 * 3 * 4
+    assert len(sampler) == len(set(sampler)) == 2 * 5 * 3
+    with pytest.raises(ValueError, match="max_rounds"):
+        dm.train_seeds(0, 3)
+    with pytest.raises(ValueError, match="max_rounds"):
+        _dm().train_seeds(0, 1)
+
+
+def test_dynamic_sampling_validates_max_rounds() -> None:
+    with pytest.raises(ValueError, match=r"data\.sampling\.max_rounds=0 .*Fix"):
+        DynamicSampling(max_rounds=0)
+    with pytest.raises(ValueError, match=r"data\.sampling\.max_rounds"):
+        _dm(sampling={"max_rounds": -1})
+    assert _dm(sampling={"max_rounds": 2}).sampling == DynamicSampling(max_rounds=2)
+
+
+def test_informative_groups_and_regroup() -> None:
+    # spreads 0, 1, 1e-9: only the middle group carries signal at atol 1e-6
+    per_group = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.3, 0.3 + 1e-9]], dtype=torch.float64)
+    assert DynamicSampling().informative(per_group).tolist() == [False, True, False]
+    eps = [
+        Episode(env_id="x", seed=10 + g, group=g, sample=k, system_prompt="")
+        for g in range(3)
+        for k in range(2)
+    ]
+    out = regroup(eps, [2, 0], first=5)
+    assert [(e.seed, e.group, e.sample) for e in out] == [(12, 5, 0), (12, 5, 1), (10, 6, 0), (10, 6, 1)]
+    assert [e.group for e in eps] == [0, 0, 1, 1, 2, 2]  # the caller's episodes are untouched
