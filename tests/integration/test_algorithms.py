@@ -84,3 +84,17 @@ def test_ppo_critic_warmup_trains_only_a_separate_critic_with_kl_in_reward(train
     # the reference model ran: KL in the reward is logged with the controller's coefficient
     assert metrics["train/kl_reward/coef"] == pytest.approx(cfg.algo.kl_reward.controller.init_kl_coef)
     assert "train/kl_reward/kl" in metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "drgrpo", "gspo", "ppo"])
+def test_micro_batching_does_not_change_the_gradient(algo: str, train) -> None:
+    # One row per micro-batch vs the whole mini-batch in one: the share weighting must make the accumulated
+    # gradient the same for every aggregation (token-mean, seq-mean-token-sum-norm, seq-mean-token-mean)
+    # and for the value loss. Adam's first step hides gradient scale, so compare the pre-clip norm.
+    base = ["iterations=1", f"algo={algo}", "filter=none", "algo.mini_batch_size=16"]
+    whole, _ = train([*base, "algo.max_tokens_per_micro_batch=1000000"], name="whole")
+    split, _ = train([*base, "algo.max_tokens_per_micro_batch=1"], name="split")
+    for key in ("train/grad_norm", "train/loss", "train/pg_loss"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+    assert split["train/optimizer_steps"] == whole["train/optimizer_steps"] == 1

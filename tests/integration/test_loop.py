@@ -79,18 +79,31 @@ def test_iteration_with_nothing_kept_performs_no_update(train, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_resume_from_last_ckpt_equals_running_on(train, tmp_path: Path) -> None:
-    straight, cfg_a = train(["iterations=2"], name="straight")
-    _, cfg_b = train(["iterations=1"], name="first")
+@pytest.mark.parametrize(
+    "algo",
+    [["algo=grpo"], ["algo=ppo", "+algo/kl_reward=adaptive"], ["algo=dapo"]],
+    ids=["grpo", "ppo-kl_reward", "dapo"],
+)
+def test_resume_from_last_ckpt_equals_running_on(algo: list[str], train, tmp_path: Path) -> None:
+    straight, cfg_a = train(["iterations=2", *algo], name="straight")
+    _, cfg_b = train(["iterations=1", *algo], name="first")
     ckpt = Path(cfg_b.run_dir) / "checkpoints" / "last.ckpt"
-    resumed, cfg_c = train(["iterations=2", f"ckpt_path={ckpt}"], name="resumed")
-    a = _policy_weights(Path(cfg_a.run_dir) / "checkpoints" / "last.ckpt")
-    c = _policy_weights(Path(cfg_c.run_dir) / "checkpoints" / "last.ckpt")
-    assert a.keys() == c.keys()
-    for k in a:
-        assert torch.equal(a[k], c[k]), k
+    resumed, cfg_c = train(["iterations=2", f"ckpt_path={ckpt}", *algo], name="resumed")
+    # every trained tensor (the policy and, for PPO, the critic) ends bit-identical
+    a = torch.load(Path(cfg_a.run_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    c = torch.load(Path(cfg_c.run_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    assert a["state_dict"].keys() == c["state_dict"].keys()
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], c["state_dict"][k]), k
+    assert a["ragen2"]["kl_reward_coef"] == c["ragen2"]["kl_reward_coef"]
     # the resumed iteration rolled out and trained on exactly what the uninterrupted one did
-    for key in ("rollout/return", "filter/kept", "train/loss", "train/grad_norm", "diag/first_turn/mi_est"):
+    keys = ["rollout/return", "filter/kept", "train/loss", "train/grad_norm", "diag/first_turn/mi_est"]
+    keys += [
+        k
+        for k in ("train/critic/value_loss", "train/kl_reward/coef", "filter/dynamic_rounds")
+        if k in straight
+    ]
+    for key in keys:
         assert resumed[key] == straight[key], key
 
 

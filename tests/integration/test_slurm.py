@@ -65,7 +65,7 @@ def test_sweep_config_composes_into_a_grid_of_existing_options(sweep: str) -> No
 def test_main_table_grid() -> None:
     params = _compose(["+sweep=main_table"]).hydra.sweeper.params
     assert {k: str(v).split(",") for k, v in params.items()} == {
-        "algo": ["grpo"],
+        "algo": ["ppo", "dapo", "grpo", "drgrpo"],
         "filter": ["top_p", "none"],
         "env": ["sokoban", "frozenlake"],
         "seed": ["0", "1", "2"],
