@@ -98,3 +98,16 @@ def test_micro_batching_does_not_change_the_gradient(algo: str, train) -> None:
     for key in ("train/grad_norm", "train/loss", "train/pg_loss"):
         assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
     assert split["train/optimizer_steps"] == whole["train/optimizer_steps"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scaling", "power"), [("linear", 1.0), ("sqrt", 0.5)])
+def test_filter_loss_scaling_scales_advantages_by_the_kept_ratio(scaling: str, power: float, train) -> None:
+    # the same seeds give the same batch and the same kept groups; only the advantages' scale differs
+    plain, _ = train(["iterations=1", "filter.loss_scaling=none"], name="plain")
+    scaled, _ = train(["iterations=1", f"filter.loss_scaling={scaling}"], name=scaling)
+    ratio = plain["filter/kept_ratio"]
+    assert 0 < ratio < 1
+    assert scaled["train/advantage_abs"] == pytest.approx(
+        plain["train/advantage_abs"] * ratio**power, rel=1e-5
+    )

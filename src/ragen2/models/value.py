@@ -49,18 +49,24 @@ class ValueHeadCritic(nn.Module):
         if self.head is None:
             self.head = _zero_head(policy.config.hidden_size)
 
+    def _hidden(
+        self, policy_hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        return policy_hidden
+
     def forward(
         self,
-        policy_hidden: torch.Tensor,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
+        policy_hidden: torch.Tensor,  # [b, T, H] the policy trunk's output for these rows
+        input_ids: torch.Tensor,  # [b, T]
+        attention_mask: torch.Tensor,  # [b, T]
+        loss_mask: torch.Tensor,  # [b, T]
     ) -> torch.Tensor:
+        """[b, T] values at sampled positions (0 elsewhere)."""
         assert self.head is not None, "call build(policy) first"
-        return position_values(self.head, policy_hidden, loss_mask)
+        return position_values(self.head, self._hidden(policy_hidden, input_ids, attention_mask), loss_mask)
 
 
-class SeparateCritic(nn.Module):
+class SeparateCritic(ValueHeadCritic):
     """A separate trunk (any HF causal LM, by default the policy's own weights) plus a value head.
 
     The LM head of the loaded model is dropped: only the decoder is kept. ``gradient_checkpointing``
@@ -75,7 +81,6 @@ class SeparateCritic(nn.Module):
         self.dtype = dtype
         self.gradient_checkpointing = gradient_checkpointing
         self.trunk: nn.Module | None = None
-        self.head: nn.Linear | None = None
 
     def build(self, policy: Any) -> None:
         if self.trunk is not None:
@@ -87,13 +92,8 @@ class SeparateCritic(nn.Module):
         self.trunk = model.get_decoder().train()
         self.head = _zero_head(model.config.hidden_size)
 
-    def forward(
-        self,
-        policy_hidden: torch.Tensor,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
+    def _hidden(
+        self, policy_hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        assert self.trunk is not None and self.head is not None, "call build(policy) first"
-        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return position_values(self.head, hidden, loss_mask)
+        assert self.trunk is not None, "call build(policy) first"
+        return self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

@@ -24,10 +24,8 @@ import torch
 from ragen2.algos.logprobs import masked_mean
 from ragen2.algos.losses import value_loss
 from ragen2.data.batch import RolloutBatch
-from ragen2.models.value import SeparateCritic, ValueHeadCritic
+from ragen2.models.value import ValueHeadCritic
 from ragen2.modules.policy import PolicyModule, UpdateInputs, head_logprobs, micro_batches, trunk_hidden
-
-Critic = ValueHeadCritic | SeparateCritic
 
 
 class ActorCriticModule(PolicyModule):
@@ -36,7 +34,7 @@ class ActorCriticModule(PolicyModule):
     def __init__(
         self,
         *args: Any,
-        critic: Critic,
+        critic: ValueHeadCritic,  # or its subclass SeparateCritic
         critic_optim: dict[str, Any],
         vf_coef: float = 0.5,
         value_clip: float | None = 0.5,

@@ -40,21 +40,14 @@ class TokenRatioLoss:
         mask: torch.Tensor,
         turn_index: torch.Tensor,
     ) -> LossOut:
-        return self.fn(logp, old_logp, advantages, mask)
+        return self.fn(logp, old_logp, advantages, mask, **self._segments(turn_index))
+
+    def _segments(self, turn_index: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}  # every token is its own ratio
 
 
-class TurnRatioLoss:
+class TurnRatioLoss(TokenRatioLoss):
     """One sequence-level ratio per turn (GSPO on multi-turn rows): ``fn(..., segment_index=turn_index)``."""
 
-    def __init__(self, fn: Callable[..., LossOut]) -> None:
-        self.fn = fn
-
-    def __call__(
-        self,
-        logp: torch.Tensor,
-        old_logp: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-        turn_index: torch.Tensor,
-    ) -> LossOut:
-        return self.fn(logp, old_logp, advantages, mask, segment_index=turn_index)
+    def _segments(self, turn_index: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"segment_index": turn_index}

@@ -7,11 +7,20 @@ import pytest
 from ragen2.config import compose
 
 
-@pytest.mark.parametrize(("kl_coef", "has_ref"), [(0.0, False), (0.01, True)])
-def test_reference_model_only_with_kl(kl_coef: float, has_ref: bool, tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "has_ref"),
+    [
+        ([], False),
+        (["algo.kl_coef=0.01"], True),
+        (["+algo/kl_reward=fixed"], True),
+        (["algo=ppo"], False),
+        (["algo=ppo", "+algo/kl_reward=adaptive"], True),
+    ],
+)
+def test_reference_model_only_with_kl(overrides: list[str], has_ref: bool, tmp_path) -> None:
     from hydra.utils import instantiate
 
-    cfg = compose(["model=tiny", f"algo.kl_coef={kl_coef}"], run_dir=str(tmp_path))
+    cfg = compose(["model=tiny", *overrides], run_dir=str(tmp_path))
     module = instantiate(cfg.module)
     module.configure_model()
     assert (module.ref_policy is not None) == has_ref
