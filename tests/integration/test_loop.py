@@ -98,6 +98,7 @@ def test_resume_from_last_ckpt_equals_running_on(algo: list[str], train, tmp_pat
             torch.equal(v, c["state_dict"][k]) if isinstance(v, torch.Tensor) else v == c["state_dict"][k]
         ), k
     assert a["ragen2"]["kl_reward_coef"] == c["ragen2"]["kl_reward_coef"]
+    assert not any(k.startswith("ref_policy.") for k in a["state_dict"])  # rebuilt from the base model
     # the resumed iteration rolled out and trained on exactly what the uninterrupted one did
     keys = ["rollout/return", "filter/kept", "train/loss", "train/grad_norm", "diag/first_turn/mi_est"]
     keys += [

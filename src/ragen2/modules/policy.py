@@ -116,6 +116,9 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
+REF_PREFIX = "ref_policy."
+
+
 @dataclass
 class UpdateInputs:
     """What every mini-batch of one iteration reads: [B, T] tensors over the kept rows."""
@@ -239,6 +242,10 @@ class PolicyModule(L.LightningModule):
 
     # ---- checkpointed run state -------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The frozen reference is the base model, rebuilt by configure_model: saving it would double the file.
+        weights = checkpoint.get("state_dict", {})
+        for key in [k for k in weights if k.startswith(REF_PREFIX)]:
+            del weights[key]
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         # plain tensors and numbers only: Lightning loads checkpoints with torch.load(weights_only=True)
         checkpoint["ragen2"] = {
@@ -252,6 +259,9 @@ class PolicyModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.ref_policy is not None:  # runs before the weights load: supply the reference left out above
+            ref = {f"{REF_PREFIX}{k}": v for k, v in self.ref_policy.state_dict().items()}
+            checkpoint.setdefault("state_dict", {}).update(ref)
         state = checkpoint.get("ragen2", {})
         self.empty_streak = int(state.get("empty_streak", 0))
         if self.kl_reward is not None and state.get("kl_reward_coef") is not None:
