@@ -91,6 +91,20 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups() -> None:
     assert ((per_group.max(1).values - per_group.min(1).values) > 1e-6).all()
 
 
+def test_a_short_batch_trains_on_the_groups_found_and_logs_the_shortfall() -> None:
+    # one round only: iteration 1's round 0 holds all-equal groups (see above), so the batch comes up short
+    batch = _dm(sampling=DynamicSampling(max_rounds=1)).rollout(1)
+    m = batch.metrics
+    found = int(m["filter/dynamic_groups_kept"])
+    assert 1 <= found < 4 and m["filter/dynamic_rounds"] == 1
+    assert m["filter/dynamic_shortfall"] == 4 - found and m["filter/dynamic_groups_dropped"] == 4 - found
+    # a smaller batch, densely indexed, every group trainable and informative
+    assert batch.num_groups == found and batch.keep.all()
+    assert torch.bincount(batch.group_index).tolist() == [4] * found
+    per_group = returns_by_group(batch.returns, batch.group_index, found)
+    assert ((per_group.max(1).values - per_group.min(1).values) > 1e-6).all()
+
+
 @pytest.mark.parametrize("filter", [GroupFilter(strategy="none"), GroupFilter()], ids=["none", "top_p"])
 def test_only_degenerate_groups_log_the_shortfall_and_train_nothing(filter: GroupFilter) -> None:
     dm = _dm([NOT_SURE], sampling=DynamicSampling(max_rounds=3), filter=filter)
