@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -62,6 +63,13 @@ def test_batch_gives_each_input_its_own_process() -> None:
 
 
 @isolated
+def test_cpu_time_limit_counts_as_a_timeout() -> None:
+    # 1 s of CPU, 20 s of wall clock: RLIMIT_CPU ends the busy loop with SIGXCPU, and that is a timeout
+    r = run_python("while True:\n    pass", timeout_s=20.0, cpu_s=1)
+    assert r.signal == signal.SIGXCPU and r.timed_out and not r.ok
+    assert r.wall_s < 15.0
+
+
 def test_infinite_loop_is_killed_at_the_wall_clock_timeout() -> None:
     start = time.monotonic()
     r = run_python("while True:\n    pass", timeout_s=1.0)

@@ -99,7 +99,7 @@ class Result:
     stderr: str
     returncode: int | None
     signal: int | None
-    timed_out: bool
+    timed_out: bool  # the wall clock or the CPU-time limit (SIGXCPU) ended it: both are a time budget spent
     wall_s: float
     output_truncated: bool
     isolated: bool
@@ -253,7 +253,8 @@ def _run_batch(
                     stderr=stderr,
                     returncode=status["returncode"],
                     signal=status["signal"],
-                    timed_out=status["timed_out"],
+                    # a CPU-bound program can hit RLIMIT_CPU a moment before the wall clock fires
+                    timed_out=status["timed_out"] or status["signal"] == signal.SIGXCPU,
                     wall_s=status["wall_s"],
                     output_truncated=cut_out or cut_err,
                     isolated=isolated,
