@@ -66,10 +66,25 @@ class RolloutBatch:
         )
 
 
+# Per episode, per turn: (reward added to the turn, whether the turn leaves the loss), e.g. DAPO's overlong
+# shaping (``ragen2.data.OverlongShaping.turn_terms``).
+TurnTerms = Sequence[Sequence[tuple[float, bool]]]
+
+
 def collate_episodes(
-    episodes: Sequence[Episode], num_groups: int, pad_id: int, iteration: int = 0
+    episodes: Sequence[Episode],
+    num_groups: int,
+    pad_id: int,
+    iteration: int = 0,
+    turn_terms: TurnTerms | None = None,
 ) -> RolloutBatch:
-    """Lay episodes out as right-padded tensors; masks come from each turn's sampled span."""
+    """Lay episodes out as right-padded tensors; masks come from each turn's sampled span.
+
+    Each turn's reward (+ penalty + its ``turn_terms`` reward) sits on its last sampled token and the
+    episode return on the last sampled token still in the loss. A turn that leaves the loss hands its
+    reward back to the previous turn still in it, so rewards never sit off the loss mask (the token-level
+    estimators refuse that); with γ = 1 that is treating the turn like env tokens.
+    """
     b = len(episodes)
     t = max(len(ep.token_ids) for ep in episodes)
     input_ids = torch.full((b, t), pad_id, dtype=torch.long)
@@ -79,21 +94,30 @@ def collate_episodes(
     sampler_lp = torch.full((b, t), math.nan, dtype=torch.float32)
     token_rewards = torch.zeros((b, t), dtype=torch.float32)
     turn_rewards = torch.zeros((b, t), dtype=torch.float32)
+    returns = torch.zeros(b, dtype=torch.float32)
     for i, ep in enumerate(episodes):
         ids = ep.token_ids
         input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention[i, : len(ids)] = 1
-        for n, turn in enumerate(ep.turns, start=1):
+        terms = turn_terms[i] if turn_terms is not None else [(0.0, False)] * len(ep.turns)
+        anchor: int | None = None  # the last sampled position still in the loss
+        for n, (turn, (extra, dropped)) in enumerate(zip(ep.turns, terms, strict=True), start=1):
             if turn.end == turn.start:  # an empty response samples nothing to train on
+                continue
+            if turn.sampler_logprobs is not None:
+                sampler_lp[i, turn.start : turn.end] = torch.tensor(turn.sampler_logprobs)
+            reward = turn.reward + turn.penalty + extra
+            if dropped:
+                if anchor is not None:
+                    turn_rewards[i, anchor] += reward
                 continue
             loss_mask[i, turn.start : turn.end] = 1.0
             turn_index[i, turn.start : turn.end] = n
-            if turn.sampler_logprobs is not None:
-                sampler_lp[i, turn.start : turn.end] = torch.tensor(turn.sampler_logprobs)
-            turn_rewards[i, turn.end - 1] = turn.reward + turn.penalty
-        last = max((turn.end for turn in ep.turns if turn.end > turn.start), default=0)
-        if last > 0:
-            token_rewards[i, last - 1] = ep.episode_return
+            anchor = turn.end - 1
+            turn_rewards[i, anchor] = reward
+        returns[i] = ep.episode_return + sum(extra for extra, _ in terms)
+        if anchor is not None:
+            token_rewards[i, anchor] = returns[i]
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -102,7 +126,7 @@ def collate_episodes(
         sampler_logprobs=sampler_lp,
         token_rewards=token_rewards,
         turn_rewards=turn_rewards,
-        returns=torch.tensor([ep.episode_return for ep in episodes], dtype=torch.float32),
+        returns=returns,
         group_index=torch.tensor([ep.group for ep in episodes], dtype=torch.long),
         group_scores=torch.zeros(num_groups, dtype=torch.float64),
         keep=torch.ones(num_groups, dtype=torch.bool),

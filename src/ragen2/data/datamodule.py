@@ -7,8 +7,8 @@ kept ones. Instance seeds, sampler seeds and everything random here derive from 
 rank, round), so a run resumed from ``last.ckpt`` rolls out exactly what an uninterrupted run would.
 
 Optional DAPO data steps (METHOD.md §6), both off by default:
-- ``shaping`` (``OverlongShaping``) rewrites each round's collated batch: overlong penalty per turn,
-  truncated turns out of the loss mask.
+- ``shaping`` (``OverlongShaping``) gives each round's collation its per-turn terms: overlong penalty
+  per turn, truncated turns out of the loss mask.
 - ``sampling`` (``DynamicSampling``) rolls out further rounds of fresh instances, dropping groups whose
   (shaped) returns are all equal, until ``groups`` groups are found or ``max_rounds`` are spent. A short
   batch trains on what was found; when nothing was found the batch holds the last round's groups with
@@ -207,8 +207,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     # ---- rollouts ---------------------------------------------------------------------------
     def _collate(self, episodes: list[Episode], num_groups: int, iteration: int) -> RolloutBatch:
-        batch = collate_episodes(episodes, num_groups, self.tokenizer.pad_token_id, iteration)
-        return self.shaping(batch) if self.shaping is not None else batch
+        terms = self.shaping.turn_terms(episodes) if self.shaping is not None else None
+        return collate_episodes(episodes, num_groups, self.tokenizer.pad_token_id, iteration, terms)
 
     def _collect(self, iteration: int, round: int) -> list[Episode]:
         assert self.runner is not None and self.sampler is not None

@@ -1,10 +1,10 @@
 """DAPO's overlong reward shaping and overlong filtering, per turn (METHOD.md §6).
 
-``OverlongShaping`` maps a collated ``RolloutBatch`` to a new one (``dataclasses.replace``; the input is
-not touched): each turn's reward gains ``overlong_penalty`` of that turn's sampled length, and turns
-that hit the token limit (``finish_reason == "length"``) leave the loss mask when ``filter`` is on.
-The penalty flows into ``turn_rewards``, ``token_rewards`` and ``returns``, so every advantage estimator
-and dynamic sampling see it.
+``OverlongShaping.turn_terms`` gives, per turn, the ``overlong_penalty`` of that turn's sampled length
+and whether the turn leaves the loss (it hit the token limit, ``finish_reason == "length"``, and
+``filter`` is on); ``collate_episodes(turn_terms=…)`` lays them out, so the penalty flows into
+``turn_rewards``, ``token_rewards`` and ``returns`` and every advantage estimator and dynamic sampling
+see it.
 
 Departures from DAPO / verl:
 - DAPO shapes one response per prompt (verl: ``reward_model.overlong_buffer.{len,penalty_factor}``
@@ -27,7 +27,6 @@ import torch
 
 from ragen2.agent.episode import Episode, Turn
 from ragen2.algos.losses import overlong_penalty
-from ragen2.data.batch import RolloutBatch
 
 __all__ = ["OverlongShaping"]
 
@@ -100,40 +99,12 @@ class OverlongShaping:
     def _filtered(self, turn: Turn) -> bool:
         return self.filter and turn.finish_reason == "length" and turn.end > turn.start
 
-    def __call__(self, batch: RolloutBatch) -> RolloutBatch:
-        """The batch with shaped rewards and (``filter``) truncated turns out of the loss mask."""
-        penalties = self.turn_penalties(batch.episodes)
-        loss_mask = batch.loss_mask.clone()
-        turn_index = batch.turn_index.clone()
-        turn_rewards = torch.zeros_like(batch.turn_rewards)
-        token_rewards = torch.zeros_like(batch.token_rewards)
-        returns = batch.returns.clone()
-        for i, (ep, pens) in enumerate(zip(batch.episodes, penalties, strict=True)):
-            anchor: int | None = None  # last position still in the loss mask
-            for turn, p in zip(ep.turns, pens, strict=True):
-                if turn.end == turn.start:  # nothing sampled: no token to hold a reward (as collate)
-                    continue
-                reward = turn.reward + turn.penalty + p
-                if self._filtered(turn):
-                    loss_mask[i, turn.start : turn.end] = 0.0
-                    turn_index[i, turn.start : turn.end] = 0
-                    if anchor is not None:
-                        turn_rewards[i, anchor] += reward
-                    continue
-                anchor = turn.end - 1
-                turn_rewards[i, anchor] = reward
-            shaped_return = ep.episode_return + sum(pens)
-            returns[i] = shaped_return
-            if anchor is not None:
-                token_rewards[i, anchor] = shaped_return
-        return replace(
-            batch,
-            loss_mask=loss_mask,
-            turn_index=turn_index,
-            turn_rewards=turn_rewards,
-            token_rewards=token_rewards,
-            returns=returns,
-        )
+    def turn_terms(self, episodes: Sequence[Episode]) -> list[list[tuple[float, bool]]]:
+        """Per episode, per turn: (overlong penalty, leaves the loss) for ``collate_episodes(turn_terms=…)``."""
+        return [
+            [(p, self._filtered(turn)) for turn, p in zip(ep.turns, pens, strict=True)]
+            for ep, pens in zip(episodes, self.turn_penalties(episodes), strict=True)
+        ]
 
     def metrics(self, episodes: Sequence[Episode]) -> dict[str, float]:
         """Fractions over all turns: mean penalty, penalised turns, turns removed from the loss."""

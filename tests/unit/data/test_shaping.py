@@ -69,8 +69,9 @@ def _episodes() -> list[Episode]:
     return [a, b, c]
 
 
-def _batch() -> RolloutBatch:
-    return collate_episodes(_episodes(), num_groups=2, pad_id=0)
+def _batch(shaping: OverlongShaping | None = None) -> RolloutBatch:
+    terms = shaping.turn_terms(_episodes()) if shaping is not None else None
+    return collate_episodes(_episodes(), num_groups=2, pad_id=0, turn_terms=terms)
 
 
 def test_penalties_at_the_boundaries() -> None:
@@ -83,7 +84,7 @@ def test_penalties_at_the_boundaries() -> None:
 
 def test_shaping_without_filtering_adds_the_penalty_on_each_turns_last_token() -> None:
     batch = _batch()
-    out = OverlongShaping(cache_len=4, max_len=8, filter=False)(batch)
+    out = _batch(OverlongShaping(cache_len=4, max_len=8, filter=False))
     a = out.turn_rewards[0]
     # A: turn 1 at index 6: 0; turn 2 at 14: −0.1 − 0.5 = −0.6; turn 3 at 24: 2 − 1 = 1
     assert {i: a[i].item() for i in a.nonzero().squeeze(-1).tolist()} == {
@@ -100,7 +101,7 @@ def test_shaping_without_filtering_adds_the_penalty_on_each_turns_last_token() -
 
 def test_filtering_clears_truncated_turns_and_moves_their_reward_back() -> None:
     batch = _batch()
-    out = OverlongShaping(cache_len=4, max_len=8)(batch)
+    out = _batch(OverlongShaping(cache_len=4, max_len=8))
     # A: only turn 3 (finish "length") leaves the loss; turns 1 and 2 stay
     assert out.loss_mask[0].nonzero().squeeze(-1).tolist() == [*range(3, 7), *range(9, 15)]
     assert out.turn_index[0, 17:25].eq(0).all() and out.turn_index[0, 9:15].eq(2).all()
@@ -119,7 +120,7 @@ def test_filtering_clears_truncated_turns_and_moves_their_reward_back() -> None:
     nxt = torch.nn.functional.pad(out.turn_index[:, 1:], (0, 1))
     turn_end = (out.turn_index > 0) & (nxt != out.turn_index)  # turn ends as the modules derive them
     bilevel_gae(out.turn_rewards, torch.zeros_like(out.turn_rewards), out.loss_mask, turn_end)
-    # the input batch is untouched
+    # the unshaped collation of the same episodes keeps every turn and the raw returns
     assert batch.loss_mask[0, 17:25].eq(1).all() and batch.returns.tolist() == pytest.approx([1.9, 0.5, -0.1])
 
 
@@ -145,7 +146,7 @@ def test_shaping_validates_its_knobs() -> None:
     with pytest.raises(ValueError, match=r"rollout\.max_new_tokens=8"):
         OverlongShaping(cache_len=9).resolve(8)
     with pytest.raises(ValueError, match="resolve"):
-        OverlongShaping(cache_len=4)(_batch())
+        OverlongShaping(cache_len=4).turn_terms(_episodes())
 
 
 # ---- in the DataModule: scripted responses, the real env and tokenizer -----------------------------
