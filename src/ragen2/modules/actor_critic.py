@@ -25,7 +25,7 @@ from ragen2.algos.logprobs import masked_mean
 from ragen2.algos.losses import value_loss
 from ragen2.data.batch import RolloutBatch
 from ragen2.models.value import ValueHeadCritic
-from ragen2.modules.policy import PolicyModule, UpdateInputs, head_logprobs, micro_batches, trunk_hidden
+from ragen2.modules.policy import PolicyModule, UpdateInputs, head_logprobs, trunk_hidden
 
 
 class ActorCriticModule(PolicyModule):
@@ -80,15 +80,13 @@ class ActorCriticModule(PolicyModule):
         return True  # GAE needs every row's values before the first step; their log-probs come along
 
     def _score_rollouts(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logps, values = [], []
-        for rows in micro_batches(batch.attention_mask.sum(-1).tolist(), self.max_tokens):
-            mb = batch.select(torch.tensor(rows))
+        def score(mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
             hidden = trunk_hidden(self.policy, mb.input_ids, mb.attention_mask)
             lp, _ = head_logprobs(self.policy, hidden, mb.input_ids, mb.loss_mask, self.temperature)
-            v = self.critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask)
-            logps.append(self._pad_to(lp, batch.input_ids))
-            values.append(self._pad_to(v, batch.input_ids))
-        return torch.cat(logps), torch.cat(values)
+            return lp, self.critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask)
+
+        logp, values = self._per_micro_batch(batch, score)
+        return logp, values
 
     def _actor_active(self, iteration: int) -> bool:
         return iteration >= self.critic_warmup_iterations

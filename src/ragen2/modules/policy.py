@@ -14,6 +14,7 @@ import copy
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -274,14 +275,25 @@ class PolicyModule(L.LightningModule):
             random.setstate(rng["python"])
 
     # ---- the update -------------------------------------------------------------------------
+    def _per_micro_batch(
+        self, batch: RolloutBatch, fn: Callable[[RolloutBatch], tuple[torch.Tensor, ...]]
+    ) -> tuple[torch.Tensor, ...]:
+        """``fn``'s [b, T] outputs over token-budget micro-batches of ``batch``, joined to [B, T] each."""
+        parts = [
+            fn(batch.select(torch.tensor(rows)))
+            for rows in micro_batches(batch.attention_mask.sum(-1).tolist(), self.max_tokens)
+        ]
+        return tuple(torch.cat([self._pad_to(p, batch.input_ids) for p in outs]) for outs in zip(*parts))
+
     def _logprobs(self, model: Any, batch: RolloutBatch) -> torch.Tensor:
         """[B, T] log-probs of the sampled tokens under ``model``, micro-batched (no grad by the caller)."""
-        parts = []
-        for rows in micro_batches(batch.attention_mask.sum(-1).tolist(), self.max_tokens):
-            mb = batch.select(torch.tensor(rows))
-            lp, _ = sampled_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature)
-            parts.append(self._pad_to(lp, batch.input_ids))
-        return torch.cat(parts)
+
+        def score(mb: RolloutBatch) -> tuple[torch.Tensor]:
+            return (
+                sampled_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature)[0],
+            )
+
+        return self._per_micro_batch(batch, score)[0]
 
     def _score_rollouts(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Pre-update [B, T] log-probs of the rows (and the critic's values: ``ActorCriticModule``)."""
