@@ -8,33 +8,39 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from ragen2.config import CONF_DIR, compose
+from ragen2.config import CONF_DIR, ConfigError, build, compose
 
-GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra",))
+# conf/base/ holds the shared defaults the algo and rollout files start from: not a choice
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "base", "sweep"))
 
 
 def _options(group: str) -> list[str]:
-    # files starting with "_" are shared bases (conf/algo/_common.yaml), not choices
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-# Nested groups are appended to a parent choice: ragen2-train algo=ppo +algo/critic=separate
-NESTED = {"algo/critic": "algo=ppo", "algo/kl_reward": "algo=grpo"}
-CASES = [(g, o, f"{g}={o}") for g in GROUPS for o in _options(g) if g not in ("sweep",)]
-CASES += [(g, o, f"+{g}={o}") for g in NESTED for o in _options(g)]
+# Nested groups are chosen inside a parent choice: ragen2-train algo=ppo algo/critic=separate
+NESTED = {
+    "algo/critic": "algo=ppo",
+    "algo/kl_reward": "algo=grpo",
+    "algo/advantage": "algo=grpo",
+    "algo/policy_loss": "algo=grpo",
+}
+# GAE needs the critic that algo=ppo brings
+PARENT = {("algo/advantage", "gae"): "algo=ppo"}
+CASES = [(g, o, f"{g}={o}") for g in GROUPS for o in _options(g)]
+CASES += [(g, o, f"{g}={o}") for g in NESTED for o in _options(g)]
 
 
 @pytest.mark.parametrize(("group", "option", "override"), CASES, ids=[c[2] for c in CASES])
 def test_group_option_composes_and_instantiates(
     group: str, option: str, override: str, tmp_path: Path
 ) -> None:
-    cfg = compose(
-        [*([NESTED[group]] if group in NESTED else []), override, "model=tiny"], run_dir=str(tmp_path)
-    )
+    parent = PARENT.get((group, option), NESTED.get(group))
+    cfg = compose([*([parent] if parent else []), override, "model=tiny"], run_dir=str(tmp_path))
     data = instantiate(cfg.data)
     module = instantiate(cfg.module)
     assert data.env.id == cfg.env.id
-    assert module.mini_batch_size == cfg.algo.mini_batch_size
+    assert module.algo.mini_batch_size == cfg.algo.mini_batch_size
     for node in ("callbacks", "logger"):
         for c in (cfg.get(node) or {}).values():
             if c is not None:
@@ -43,12 +49,18 @@ def test_group_option_composes_and_instantiates(
         instantiate(cfg.trainer)
 
 
+def test_gae_needs_the_critic_that_ppo_brings(tmp_path: Path) -> None:
+    module = instantiate(
+        compose(["model=tiny", "algo=grpo", "algo/advantage=gae", "algo/critic=value_head"]).module
+    )
+    assert module.critic is not None and module.algo.advantage.needs_values
+    with pytest.raises(ConfigError, match="needs a critic's values, and algo.critic is null"):
+        build(compose(["model=tiny", "algo=grpo", "algo/advantage=gae"]).module)
+    with pytest.raises(ConfigError, match="without '\\+'"):
+        compose(["model=tiny", "algo=ppo", "+algo/critic=separate"])
+
+
 def test_eval_config_composes() -> None:
     cfg = compose(["env=frozenlake"], config_name="eval")
     assert cfg.env.id == "ragen2/FrozenLake-v0" and cfg.num_seeds > 0
-
-
-def test_bad_override_names_the_key(tmp_path: Path) -> None:
-    cfg = compose(["model=tiny", "rollout.group_size=1"], run_dir=str(tmp_path))
-    with pytest.raises(Exception, match="group_size"):
-        instantiate(cfg.data)
+    assert cfg.env.max_turns == 5  # evaluation without a checkpoint: the env's own turn limit

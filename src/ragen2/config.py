@@ -1,19 +1,167 @@
-"""Where the Hydra config tree lives, and composing it from Python (notebooks, tests)."""
+"""Where the Hydra config tree lives, composing it from Python, and checks that span config groups.
+
+Each consumer gets one validated object for its node (``algo`` -> ``AlgoConfig``, ``rollout`` ->
+``RolloutConfig``, ``filter`` -> ``GroupFilter``, …), built by ``settings``, which refuses a key the
+object does not have and says where a moved key went. ``check_overrides`` does the same for
+command-line overrides before Hydra sees them; ``validate`` checks the composed config before anything
+is built (moved keys, the device count) and ``check_batch`` what spans two objects (the mini-batch
+against the batch).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 # ${ragen2.tokens:a,b}: a token count as the floored product (Dr.GRPO's constant = tokens per turn × turns,
 # DAPO's overlong buffer = a fraction of the per-turn limit)
 OmegaConf.register_new_resolver("ragen2.tokens", lambda *xs: math.floor(math.prod(xs)), replace=True)
+# ${ragen2.cap:value,cap}: value capped at cap, or value itself when cap is null (an env's own turn
+# limit under max_turns_cap)
+OmegaConf.register_new_resolver(
+    "ragen2.cap", lambda value, cap: value if cap is None else min(value, cap), replace=True
+)
 
 CONF_DIR = Path(os.environ.get("RAGEN2_CONF", Path(__file__).resolve().parents[2] / "conf"))
+
+#: keys that moved: old -> (new, why)
+MOVED: dict[str, tuple[str, str]] = {
+    "filter.loss_scaling": ("algo.loss_scaling", "it scales the update, not the selection"),
+    "filter.max_empty_iterations": ("algo.max_empty_iterations", "the update counts empty batches"),
+    "algo.critic_optim": ("algo.critic", "the critic holds its own lr, weight_decay and grad_clip"),
+    "algo.vf_coef": ("algo.critic.vf_coef", "the critic weighs its own loss"),
+    "algo.value_clip": ("algo.critic.value_clip", "the critic clips its own loss"),
+    "algo.critic_warmup_iterations": ("algo.critic.warmup_iterations", "the critic owns its warm-up"),
+}
+#: command-line keys that now only point at another key (data.sampling: ${algo.sampling})
+REDIRECTED: dict[str, tuple[str, str]] = {
+    "data.sampling": ("algo.sampling", "DAPO's dynamic sampling is part of the algorithm"),
+    "data.shaping": ("algo.shaping", "DAPO's overlong shaping is part of the algorithm"),
+}
+RESPELLED: dict[str, str] = {
+    "+algo/critic": "algo/critic=<name> without '+' (every algo has a critic default: null, value_head for ppo)",
+    "+algo/kl_reward": "algo/kl_reward=<name> without '+' (every algo has a kl_reward default: null)",
+}
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work, named with its key, its value and the fix."""
+
+
+def _moved(key: str, table: Mapping[str, tuple[str, str]] = MOVED) -> str | None:
+    """Where ``key`` lives now, with the reason, or None if it did not move."""
+    for old, (new, why) in table.items():
+        if key == old or key.startswith(old + "."):
+            return f"{key} has moved: set {new + key[len(old) :]} instead ({why})"
+    return None
+
+
+def check_overrides(overrides: Iterable[str]) -> None:
+    """Refuse command-line overrides of keys that moved, naming the new place (Hydra would only say
+    the key is not in the config)."""
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("~+")
+        for old, fix in RESPELLED.items():
+            if override.split("=", 1)[0] == old:
+                raise ConfigError(f"{override!r}: use {fix}")
+        moved = _moved(key) or _moved(key, REDIRECTED)
+        if moved is not None:
+            raise ConfigError(f"{override!r}: {moved}")
+
+
+def settings(cls: type[T], node: Mapping[str, Any] | T | None, key: str) -> T:
+    """``cls(**node)`` for the config node at ``key``, refusing keys ``cls`` does not have.
+
+    The error names ``key.<name>``, where a moved key went, and the keys ``cls`` knows.
+    """
+    if isinstance(node, cls):
+        return node
+    values = dict(node or {})
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for name in values:
+        if name in known:
+            continue
+        moved = _moved(f"{key}.{name}")
+        raise ConfigError(
+            moved or f"{key}.{name}={values[name]!r} is not a setting. Fix: one of {', '.join(known)}"
+        )
+    return cls(**values)
+
+
+def check_batch(mini_batch_size: int, groups: int, group_size: int) -> None:
+    """The mini-batch must fit the iteration's batch (checked once both nodes are valid on their own)."""
+    batch = groups * group_size
+    if mini_batch_size > batch:
+        raise ConfigError(
+            f"algo.mini_batch_size={mini_batch_size} exceeds the batch of rollout.groups × "
+            f"rollout.group_size = {batch} episodes, so no optimizer step would see a full mini-batch. "
+            f"Fix: algo.mini_batch_size ≤ {batch}, or more rollouts."
+        )
+
+
+def build(node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, with a constructor's ValueError (a bad value, whose message names its
+    key) raised as a ``ConfigError`` of its own rather than wrapped in Hydra's InstantiationException."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        while isinstance(cause, InstantiationException):
+            cause = cause.__cause__
+        if not isinstance(cause, ValueError):
+            raise
+        raise (cause if isinstance(cause, ConfigError) else ConfigError(str(cause))) from None
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks before anything is built: keys that moved, the run length, the device count."""
+    for old in MOVED:
+        parent, _, leaf = old.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if isinstance(node, DictConfig) and leaf in node:
+            raise ConfigError(f"{_moved(old)} (a config file sets {old})")
+    if int(cfg.iterations) < 1:
+        raise ConfigError(f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch)")
+    devices = cfg.trainer.get("devices", 1)
+    if devices not in (1, "1") or int(cfg.trainer.get("num_nodes", 1)) != 1:
+        raise ConfigError(
+            f"trainer.devices={devices} (num_nodes={cfg.trainer.get('num_nodes', 1)}): one process only for "
+            "now. Several ranks would each filter their own groups and take different numbers of optimizer "
+            "steps, which hangs collectives. Fix: trainer.devices=1."
+        )
+
+
+def with_saved_settings(
+    cfg: DictConfig, saved: Mapping[str, Mapping[str, Any]], overrides: Sequence[str]
+) -> DictConfig:
+    """``cfg`` with the settings a checkpoint saved (``saved``: node -> values, e.g. the run's env, model and
+    rollout) in place of its own, except what the command line sets: a group it chose (``env=sokoban``)
+    keeps the composed node, a key it set (``env.max_turns=5``) keeps the composed value. Keys the saved
+    node lacks (the rollout's sampler) stay as composed."""
+    cfg = cfg.copy()
+    keys = [o.split("=", 1)[0].lstrip("~+") for o in overrides]
+    for node, values in saved.items():
+        if node in keys or node not in cfg:
+            continue
+        merged = cfg[node].copy()
+        for key, value in values.items():
+            merged[key] = value
+        for key in keys:
+            if key.startswith(f"{node}."):
+                OmegaConf.update(merged, key[len(node) + 1 :], OmegaConf.select(cfg, key), merge=False)
+        cfg[node] = merged
+    return cfg
 
 
 def compose(
@@ -24,6 +172,7 @@ def compose(
     from hydra import initialize_config_dir
     from omegaconf import open_dict
 
+    check_overrides(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
     with open_dict(cfg):

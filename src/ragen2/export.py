@@ -1,6 +1,7 @@
 """ragen2-export: the policy of a ragen2 checkpoint as an HF ``save_pretrained`` folder (model + tokenizer).
 
-ragen2-export outputs/<run>/checkpoints/last.ckpt exported/sokoban-grpo --model builtin
+ragen2-export outputs/<run>/checkpoints/last.ckpt exported/sokoban-grpo
+(the base model is the one the run trained, saved in the checkpoint; ``--model`` names it for older ones)
 """
 
 from __future__ import annotations
@@ -11,12 +12,20 @@ from pathlib import Path
 from ragen2._env import set_defaults
 
 
-def export(checkpoint: str, out: str, name_or_path: str = "builtin", dtype: str = "float32") -> Path:
-    from ragen2.evaluation import load_policy
+def export(checkpoint: str, out: str, name_or_path: str | None = None, dtype: str | None = None) -> Path:
+    from ragen2.models.checkpoint import load_policy, read_checkpoint
     from ragen2.models.loading import load_tokenizer
 
+    state = read_checkpoint(checkpoint)
+    saved = (state.get("ragen2") or {}).get("model") or {}
+    name_or_path = name_or_path or saved.get("name_or_path")
+    if name_or_path is None:
+        raise ValueError(
+            f"checkpoint={checkpoint!r} does not name its base model (an older checkpoint). Fix: --model <the "
+            "run's model.name_or_path>"
+        )
     folder = Path(out)
-    model = load_policy(name_or_path, checkpoint, dtype)
+    model = load_policy(name_or_path, checkpoint, dtype or saved.get("dtype", "float32"), state)
     model.config.use_cache = True
     model.save_pretrained(folder)
     load_tokenizer(name_or_path).save_pretrained(folder)
@@ -25,16 +34,20 @@ def export(checkpoint: str, out: str, name_or_path: str = "builtin", dtype: str 
 
 def main(argv: list[str] | None = None) -> None:
     set_defaults()
+    from ragen2.log import log
+
     parser = argparse.ArgumentParser(prog="ragen2-export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a ragen2 .ckpt, e.g. outputs/<run>/checkpoints/last.ckpt")
     parser.add_argument("out", help="the folder to write")
     parser.add_argument(
-        "--model", default="builtin", help="the base model the run trained (model.name_or_path)"
+        "--model",
+        default=None,
+        help="the base model the run trained (default: the one saved in the checkpoint)",
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
     folder = export(args.checkpoint, args.out, args.model, args.dtype)
-    print(f"[ragen2] exported HF model folder: {folder}")
+    log.info("exported HF model folder: %s", folder)
 
 
 if __name__ == "__main__":

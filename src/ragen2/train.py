@@ -1,4 +1,4 @@
-"""ragen2-train: compose the config, instantiate the DataModule, the module, loggers and callbacks, fit."""
+"""ragen2-train: compose the config, check it, instantiate the DataModule, the module, loggers and callbacks, fit."""
 
 from __future__ import annotations
 
@@ -6,33 +6,45 @@ from ragen2._env import set_defaults
 
 set_defaults()
 
+import sys  # noqa: E402
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from ragen2.config import CONF_DIR  # noqa: E402
+from ragen2.config import CONF_DIR, ConfigError, build, check_batch, check_overrides, validate  # noqa: E402
+from ragen2.log import log  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train with a composed config; returns the last iteration's metrics."""
     import lightning as L
-    from hydra.utils import instantiate
 
+    validate(cfg)  # before anything is built; then each object checks its own node, and check_batch both
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = instantiate(cfg.data)
-    module = instantiate(cfg.module)
+    datamodule = build(cfg.data)
+    module = build(cfg.module)
+    check_batch(module.algo.mini_batch_size, datamodule.groups, datamodule.group_size)
     # a group entry set to null (callbacks.curves=null) switches that piece off
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
+    callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if trainer.is_global_zero:
-        print(f"[ragen2] run folder: {cfg.run_dir}", flush=True)
-    return dict(getattr(module, "last_metrics", {}))
+        log.info("run folder: %s", cfg.run_dir)
+    return dict(module.last_metrics)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     run(cfg)
+
+
+def main() -> None:
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        sys.exit(f"ragen2-train: {err}")
+    _main()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 import ragen2_envs
 from gymnasium.utils.env_checker import check_env
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
+
+from ragen2.config import compose
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "env"
 CONF_FILES = sorted(CONF_DIR.glob("*.yaml"))
@@ -147,7 +150,7 @@ def test_every_registered_env_has_a_config() -> None:
 
 @pytest.mark.parametrize("path", CONF_FILES, ids=[p.stem for p in CONF_FILES])
 def test_env_config_shape_and_make(path: Path) -> None:
-    cfg = OmegaConf.load(path)
+    cfg = compose([f"env={path.stem}"]).env
     assert set(cfg.keys()) == {"id", "max_turns", "max_actions_per_turn", "kwargs"}, path.name
     assert cfg.id in ragen2_envs.ENV_IDS
     assert int(cfg.max_turns) >= 1 and int(cfg.max_actions_per_turn) >= 1
@@ -155,3 +158,18 @@ def test_env_config_shape_and_make(path: Path) -> None:
     assert isinstance(kwargs, dict)
     env = ragen2_envs.make(cfg.id, **kwargs)
     assert isinstance(env, ragen2_envs.TextEnv)
+
+
+@pytest.mark.parametrize("path", CONF_FILES, ids=[p.stem for p in CONF_FILES])
+def test_turn_limit_is_the_envs_own_capped_by_the_cpu_default(path: Path, tokenizer) -> None:
+    # the env's own limit is its class's default_max_turns (Bandit 1, Sokoban 5, WebShop 9, …)
+    env_cfg = compose([f"env={path.stem}"]).env
+    own = type(ragen2_envs.make(env_cfg.id)).default_max_turns
+    assert compose([f"env={path.stem}", "max_turns_cap=null"]).env.max_turns == own
+    # the CPU default caps it at 3: single-turn envs stay single-turn, FrozenLake (the main job) runs 3
+    assert env_cfg.max_turns == min(own, 3)
+    assert compose([f"env={path.stem}", "env.max_turns=7"]).env.max_turns == 7  # an explicit limit wins
+    # the rollout runs exactly that many turns
+    data = instantiate(compose([f"env={path.stem}", "model=tiny", "rollout=scripted"]).data)
+    assert data.env.max_turns == min(own, 3)
+    assert data.rollout_cfg.runner(data.env, tokenizer).cfg.max_turns == min(own, 3)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import ragen2_envs
 from gymnasium.utils.env_checker import check_env
+from helpers import env_conf
 from omegaconf import OmegaConf
 from ragen2_envs.bandit.env import BanditEnv
 from ragen2_envs.bandit.names import ARM_NAME_PAIRS
-
-CONF = Path(__file__).resolve().parents[2] / "conf" / "env" / "bandit.yaml"
 
 
 def make(**kwargs: object) -> BanditEnv:
@@ -162,7 +159,7 @@ def test_bad_knobs_raise_naming_the_key(kwargs: dict[str, object], key: str) -> 
 
 
 def test_conf_matches_the_class() -> None:
-    conf = OmegaConf.to_container(OmegaConf.load(CONF))
+    conf = OmegaConf.to_container(env_conf("bandit"), resolve=True)
     assert isinstance(conf, dict)
     assert conf["id"] == "ragen2/Bandit-v0"
     assert conf["max_turns"] == BanditEnv.default_max_turns == 1

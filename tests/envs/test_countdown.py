@@ -12,13 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import ragen2_envs
 from gymnasium.utils.env_checker import check_env
+from helpers import env_conf
 from omegaconf import OmegaConf
 from ragen2_envs.countdown.env import CountdownEnv
 from ragen2_envs.countdown.expression import MAX_EXPRESSION_CHARS, Expression, parse_expression
 from ragen2_envs.countdown.generator import generate_instance
 from ragen2_envs.countdown.solver import solve
-
-CONF = Path(__file__).resolve().parents[2] / "conf" / "env" / "countdown.yaml"
 
 
 def make(**kwargs: object) -> CountdownEnv:
@@ -298,7 +297,7 @@ def test_bad_data_and_knobs_raise_clearly(tmp_path: Path) -> None:
 
 
 def test_conf_matches_the_class() -> None:
-    conf = OmegaConf.to_container(OmegaConf.load(CONF))
+    conf = OmegaConf.to_container(env_conf("countdown"), resolve=True)
     assert isinstance(conf, dict)
     assert conf["id"] == "ragen2/Countdown-v0"
     assert conf["max_turns"] == CountdownEnv.default_max_turns == 1

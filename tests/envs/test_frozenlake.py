@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import ragen2_envs
 from gymnasium.utils.env_checker import check_env
+from helpers import env_conf
 from omegaconf import OmegaConf
 from ragen2_envs.frozenlake import (
     FrozenLakeEnv,
@@ -22,7 +22,6 @@ from ragen2_envs.frozenlake.solver import ACTIONS, slip_direction, transition_ma
 
 from .test_all_envs import fuzz_actions
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "env" / "frozenlake.yaml"
 # the only safe route from S (0,0): Down, Down, Right, Right
 LAKE = ("SFH", "FHF", "FFG")
 
@@ -229,7 +228,7 @@ def test_instructions_mention_slipping_only_when_slippery() -> None:
 
 
 def test_config_is_the_main_table_setting() -> None:
-    cfg = OmegaConf.load(CONF)
+    cfg = env_conf("frozenlake")
     assert (cfg.max_turns, cfg.max_actions_per_turn) == (5, 2)
     assert cfg.kwargs.success_rate == 1.0 and cfg.kwargs.p == 0.9 and cfg.kwargs.size == 4
     env = ragen2_envs.make(cfg.id, **OmegaConf.to_container(cfg.kwargs))

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import ragen2_envs
 from gymnasium.utils.env_checker import check_env
+from helpers import env_conf
 from omegaconf import OmegaConf
 from ragen2_envs.metamathqa.answers import answers_match, normalize_answer, parse_number
 from ragen2_envs.metamathqa.data import extract_final_answer, load_problems
 from ragen2_envs.metamathqa.env import MAX_ANSWER_CHARS, MetaMathQAEnv
 from ragen2_envs.metamathqa.generator import NAMES, TEMPLATES, format_answer, generate_problem
 from ragen2_envs.metamathqa.split import split_of
-
-CONF = Path(__file__).resolve().parents[2] / "conf" / "env" / "metamathqa.yaml"
 
 
 def make(**kwargs: object) -> MetaMathQAEnv:
@@ -329,7 +328,7 @@ def test_bad_data_and_knobs_raise_clearly(tmp_path: Path) -> None:
 
 
 def test_conf_matches_the_class() -> None:
-    conf = OmegaConf.to_container(OmegaConf.load(CONF))
+    conf = OmegaConf.to_container(env_conf("metamathqa"), resolve=True)
     assert isinstance(conf, dict)
     assert conf["id"] == "ragen2/MetaMathQA-v0"
     assert conf["max_turns"] == MetaMathQAEnv.default_max_turns == 5

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import ragen2_envs
 from gymnasium.utils.env_checker import check_env
+from helpers import env_conf
 from omegaconf import OmegaConf
 from ragen2_envs.sokoban import ACTIONS, SokobanEnv, SokobanState, generate_puzzle, solve
 
 from .test_all_envs import fuzz_actions
-
-CONF = Path(__file__).resolve().parents[2] / "conf" / "env"
 
 # player (1,1), box (1,3), target (1,5): Right, push, push = 3 moves
 CORRIDOR = """
@@ -208,7 +206,7 @@ def test_oracle_solves_in_optimal_length_with_exact_return() -> None:
 
 
 def test_8x8_config_puzzles_solve_within_10() -> None:
-    cfg = OmegaConf.load(CONF / "sokoban_8x8.yaml")
+    cfg = env_conf("sokoban_8x8")
     env = ragen2_envs.make(cfg.id, **OmegaConf.to_container(cfg.kwargs))
     for seed in range(5):
         obs, reset_info = env.reset(seed=seed)
@@ -221,7 +219,7 @@ def test_8x8_config_puzzles_solve_within_10() -> None:
 
 
 def test_config_defaults_match_the_paper() -> None:
-    cfg = OmegaConf.load(CONF / "sokoban.yaml")
+    cfg = env_conf("sokoban")
     assert (cfg.max_turns, cfg.max_actions_per_turn) == (5, 2)
     assert (SokobanEnv.default_max_turns, SokobanEnv.default_max_actions_per_turn) == (5, 2)
     env = ragen2_envs.make(cfg.id, **OmegaConf.to_container(cfg.kwargs))

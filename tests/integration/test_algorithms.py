@@ -67,9 +67,9 @@ def test_ppo_critic_warmup_trains_only_a_separate_critic_with_kl_in_reward(train
         [
             "iterations=1",
             "algo=ppo",
-            "+algo/critic=separate",
-            "algo.critic_warmup_iterations=1",
-            "+algo/kl_reward=adaptive",
+            "algo/critic=separate",
+            "algo.critic.warmup_iterations=1",
+            "algo/kl_reward=adaptive",
         ],
         name="ppo-warmup",
     )
@@ -102,12 +102,33 @@ def test_micro_batching_does_not_change_the_gradient(algo: str, train) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("scaling", "power"), [("linear", 1.0), ("sqrt", 0.5)])
-def test_filter_loss_scaling_scales_advantages_by_the_kept_ratio(scaling: str, power: float, train) -> None:
+def test_loss_scaling_scales_advantages_by_the_kept_ratio(scaling: str, power: float, train) -> None:
     # the same seeds give the same batch and the same kept groups; only the advantages' scale differs
-    plain, _ = train(["iterations=1", "filter.loss_scaling=none"], name="plain")
-    scaled, _ = train(["iterations=1", f"filter.loss_scaling={scaling}"], name=scaling)
+    plain, _ = train(["iterations=1", "algo.loss_scaling=none"], name="plain")
+    scaled, _ = train(["iterations=1", f"algo.loss_scaling={scaling}"], name=scaling)
     ratio = plain["filter/kept_ratio"]
     assert 0 < ratio < 1
     assert scaled["train/advantage_abs"] == pytest.approx(
         plain["train/advantage_abs"] * ratio**power, rel=1e-5
     )
+
+
+@pytest.mark.slow
+def test_logged_loss_terms_sum_to_the_loss(train) -> None:
+    # PPO with a KL term in the loss: every term is present; each is logged scaled as the optimizer sees it
+    overrides = [
+        "iterations=1",
+        "algo=ppo",
+        "algo.kl_coef=0.05",
+        "algo.entropy_coef=0.01",
+        "algo.mini_batch_size=4",
+    ]
+    metrics, cfg = train(overrides, name="terms")
+    terms = ("train/pg_loss", "train/entropy_loss", "train/kl_loss", "train/value_loss")
+    assert metrics["train/loss"] == pytest.approx(sum(metrics[k] for k in terms), rel=1e-6, abs=1e-9)
+    assert metrics["train/entropy_loss"] == pytest.approx(-0.01 * metrics["train/entropy"], rel=1e-6)
+    assert metrics["train/kl_loss"] == pytest.approx(0.05 * metrics["train/kl"], rel=1e-6, abs=1e-12)
+    assert metrics["train/value_loss"] == pytest.approx(
+        cfg.algo.critic.vf_coef * metrics["train/critic/value_loss"], rel=1e-6
+    )
+    assert metrics["train/kl"] > 0  # the second mini-batch's policy has moved off the reference

@@ -14,7 +14,14 @@ ENV_CONFIGS = sorted(p.stem for p in (CONF_DIR / "env").glob("*.yaml"))
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ENV_CONFIGS)
 def test_env_config_trains_one_iteration(env: str, train, tmp_path: Path) -> None:
-    metrics, cfg = train([f"env={env}", "iterations=1", "rollout.groups=2", "rollout.group_size=3"], name=env)
+    overrides = [
+        f"env={env}",
+        "iterations=1",
+        "rollout.groups=2",
+        "rollout.group_size=3",
+        "algo.mini_batch_size=6",
+    ]
+    metrics, cfg = train(overrides, name=env)
     assert metrics["rollout/turns"] >= 1
     assert metrics["rollout/format_valid_rate"] > 0  # the oracle responses are well-formed
     # the oracle rollouts earn reward where the wrong or malformed ones do not: a group with signal

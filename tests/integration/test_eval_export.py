@@ -31,13 +31,13 @@ def test_eval_reports_greedy_sampled_pass_at_k_and_oracle(tmp_path: Path) -> Non
 def test_export_roundtrip_from_a_trained_checkpoint(train, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ragen2.evaluation import load_policy
     from ragen2.export import main as export_main
+    from ragen2.models.checkpoint import load_policy
 
     _, cfg = train(["iterations=1"])
     ckpt = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
     out = tmp_path / "exported"
-    export_main([str(ckpt), str(out), "--model", "tiny"])
+    export_main([str(ckpt), str(out)])  # the base model is the one saved in the checkpoint
     exported = AutoModelForCausalLM.from_pretrained(out)
     trained = load_policy("tiny", str(ckpt))
     for (name, a), (_, b) in zip(exported.state_dict().items(), trained.state_dict().items()):
@@ -46,7 +46,7 @@ def test_export_roundtrip_from_a_trained_checkpoint(train, tmp_path: Path) -> No
 
 
 def test_load_policy_rejects_a_mismatched_base(train, tmp_path: Path) -> None:
-    from ragen2.evaluation import load_policy
+    from ragen2.models.checkpoint import load_policy
 
     with pytest.raises(FileNotFoundError, match="checkpoint"):
         load_policy("tiny", str(tmp_path / "missing.ckpt"))

@@ -65,7 +65,7 @@ def test_iteration_with_nothing_kept_performs_no_update(train, tmp_path: Path) -
         [
             "iterations=2",
             "rollout.sampler.responses=['plan</think><answer>Left</answer>']",
-            "filter.max_empty_iterations=2",
+            "algo.max_empty_iterations=2",
         ]
     )
     rows = [r for r in _metric_rows(Path(cfg.run_dir)) if r.get("train/iteration")]
@@ -81,7 +81,7 @@ def test_iteration_with_nothing_kept_performs_no_update(train, tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "algo",
-    [["algo=grpo"], ["algo=ppo", "+algo/kl_reward=adaptive"], ["algo=dapo"]],
+    [["algo=grpo"], ["algo=ppo", "algo/kl_reward=adaptive"], ["algo=dapo"]],
     ids=["grpo", "ppo-kl_reward", "dapo"],
 )
 def test_resume_from_last_ckpt_equals_running_on(algo: list[str], train, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from ragen2.train import run
 @pytest.mark.timeout(1200)
 def test_main_job_config_one_iteration_with_the_builtin_model(tmp_path: Path) -> None:
     cfg = compose(["iterations=1", "trainer.limit_val_batches=0"], run_dir=str(tmp_path))
-    assert cfg.model.name_or_path == "builtin" and cfg.data.sampler._target_.endswith("HFSampler")
+    assert cfg.model.name_or_path == "builtin" and cfg.rollout.sampler._target_.endswith("HFSampler")
     metrics = run(cfg)
     # the real model really sampled: sampler and training log-probs agree on the sampled tokens
     assert metrics["rollout/response_length"] > 0

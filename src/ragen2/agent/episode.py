@@ -21,6 +21,8 @@ class Turn:
     penalty: float  # format penalty (≤ 0)
     reasoning_ids: list[int] | None  # Z: sampled ids before </think>; None when it never closed
     infos: list[dict[str, Any]] = field(default_factory=list)
+    # entropy of the sampler's next-token distribution at each sampled position; None if not recorded
+    entropies: list[float] | None = None
 
     @property
     def start(self) -> int:
@@ -54,6 +56,19 @@ class Episode:
     @property
     def episode_return(self) -> float:
         return sum(t.reward + t.penalty for t in self.turns)
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens the policy sampled over all turns."""
+        return sum(len(t.sampled_ids) for t in self.turns)
+
+    @property
+    def mean_entropy(self) -> float | None:
+        """Mean next-token entropy over every sampled position; None if a turn did not record it."""
+        if any(t.entropies is None for t in self.turns):
+            return None
+        values = [h for t in self.turns for h in t.entropies or ()]
+        return sum(values) / len(values) if values else 0.0
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable record (for rollout.save_jsonl)."""

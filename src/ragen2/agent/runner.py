@@ -83,9 +83,19 @@ class EpisodeRunner:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def collect(
-        self, sampler: Sampler, seeds: Sequence[int], group_size: int, sample_seed: int
+        self,
+        sampler: Sampler,
+        seeds: Sequence[int],
+        group_size: int,
+        sample_seed: int,
+        params: SamplingParams | None = None,
     ) -> list[Episode]:
-        """Roll out ``group_size`` episodes for each instance seed; ``sample_seed`` seeds the sampler."""
+        """Roll out ``group_size`` episodes for each instance seed; ``sample_seed`` seeds the sampler.
+
+        ``params`` replaces the runner's sampling parameters for this collection (e.g. greedy
+        evaluation); the prompts state the runner's own token limit either way.
+        """
+        params = params or self.params
         envs, episodes, prompts, observations = [], [], [], []
         renderer: ChatRenderer | None = None
         for g, seed in enumerate(seeds):
@@ -117,9 +127,7 @@ class EpisodeRunner:
             meta = None
             if sampler.needs_oracle:
                 meta = [PromptMeta(oracle=self._oracle_plan(envs[i][0])) for i in active]
-            samples = sampler.generate(
-                [prompts[i] for i in active], self.params, sample_seed * 1009 + turn, meta
-            )
+            samples = sampler.generate([prompts[i] for i in active], params, sample_seed * 1009 + turn, meta)
             still_active = []
             for i, sample in zip(active, samples, strict=True):
                 env, renderer = envs[i]
@@ -186,6 +194,7 @@ class EpisodeRunner:
             prompt_ids=prompt,
             sampled_ids=list(sample.ids),
             sampler_logprobs=sample.logprobs,
+            entropies=sample.entropies,
             text=text,
             finish_reason=sample.finish_reason,
             observation=observation,

@@ -4,8 +4,10 @@ Imports only torch, never another ragen2 package, so it sits at the bottom of th
 """
 
 from ragen2.algos.advantages import bilevel_gae, gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo, whiten
+from ragen2.algos.batching import micro_batch_share, micro_batches, minibatch_order
 from ragen2.algos.filters import (
     LOSS_SCALINGS,
+    SCORE_INPUTS,
     SCORE_KINDS,
     STRATEGIES,
     filter_stats,
@@ -14,7 +16,7 @@ from ragen2.algos.filters import (
     select_groups,
 )
 from ragen2.algos.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
-from ragen2.algos.logprobs import masked_mean, token_entropy, token_logprobs
+from ragen2.algos.logprobs import masked_mean, sampled_logprobs, token_stats
 from ragen2.algos.losses import (
     AGG_MODES,
     aggregate,
@@ -29,6 +31,7 @@ __all__ = [
     "AGG_MODES",
     "KL_KINDS",
     "LOSS_SCALINGS",
+    "SCORE_INPUTS",
     "SCORE_KINDS",
     "STRATEGIES",
     "AdaptiveKLController",
@@ -45,13 +48,16 @@ __all__ = [
     "kl_penalty",
     "loss_scale",
     "masked_mean",
+    "micro_batch_share",
+    "micro_batches",
+    "minibatch_order",
     "overlong_penalty",
     "reinforce_pp",
     "reinforce_pp_baseline",
     "rloo",
+    "sampled_logprobs",
     "select_groups",
-    "token_entropy",
-    "token_logprobs",
+    "token_stats",
     "value_loss",
     "whiten",
 ]

@@ -27,6 +27,7 @@ import torch
 
 __all__ = [
     "LOSS_SCALINGS",
+    "SCORE_INPUTS",
     "SCORE_KINDS",
     "STRATEGIES",
     "filter_stats",
@@ -36,6 +37,15 @@ __all__ = [
 ]
 
 SCORE_KINDS = ("reward_std", "reward_var", "reward_mean", "entropy", "entropy_std", "length")
+#: the per-rollout quantity each score reduces over a group
+SCORE_INPUTS = {
+    "reward_std": "return",
+    "reward_var": "return",
+    "reward_mean": "return",
+    "entropy": "entropy",
+    "entropy_std": "entropy",
+    "length": "length",
+}
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "none")
 TOP_P_MODES = ("linear", "softmax")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
@@ -196,7 +206,7 @@ def filter_stats(scores: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
 def loss_scale(kept_ratio: float, mode: str) -> float:
     """Loss multiplier for a filtered batch: 1 (none), kept_ratio (linear) or sqrt(kept_ratio) (sqrt)."""
     if mode not in LOSS_SCALINGS:
-        raise ValueError(f"unknown filter.loss_scaling {mode!r}; choose one of {LOSS_SCALINGS}")
+        raise ValueError(f"unknown algo.loss_scaling {mode!r}; choose one of {LOSS_SCALINGS}")
     if not 0.0 <= kept_ratio <= 1.0:
         raise ValueError(f"loss_scale: kept_ratio must be in [0, 1], got {kept_ratio}")
     if mode == "none":

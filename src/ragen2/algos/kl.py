@@ -35,7 +35,9 @@ def _forward(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Ten
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
     """Elementwise KL(π‖π_ref) estimate from sampled-token log-probs, any shape (e.g. [B, T])."""
     if kind not in KL_KINDS:
-        raise ValueError(f"unknown KL estimator (algo.kl_type) {kind!r}; choose one of {KL_KINDS}")
+        raise ValueError(
+            f"unknown KL estimator {kind!r} (algo.kl_kind, algo.kl_reward.kind). Fix: choose one of {KL_KINDS}"
+        )
     if logp.shape != ref_logp.shape:
         raise ValueError(f"kl_penalty: logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ")
     base = kind.removesuffix("+")
@@ -51,7 +53,7 @@ class FixedKLController:
 
     def __init__(self, kl_coef: float) -> None:
         if kl_coef < 0:
-            raise ValueError(f"kl_coef (algo.kl_ctrl.kl_coef) must be >= 0, got {kl_coef}")
+            raise ValueError(f"algo.kl_reward.controller.kl_coef={kl_coef} must be ≥ 0. Fix: e.g. 0.001")
         self.value = float(kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
@@ -63,11 +65,13 @@ class AdaptiveKLController:
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
         if init_kl_coef < 0:
-            raise ValueError(f"init_kl_coef (algo.kl_ctrl.kl_coef) must be >= 0, got {init_kl_coef}")
+            raise ValueError(
+                f"algo.kl_reward.controller.init_kl_coef={init_kl_coef} must be ≥ 0. Fix: e.g. 0.001"
+            )
         if target_kl <= 0:
-            raise ValueError(f"target_kl (algo.kl_ctrl.target_kl) must be > 0, got {target_kl}")
+            raise ValueError(f"algo.kl_reward.controller.target_kl={target_kl} must be > 0. Fix: e.g. 0.1")
         if horizon <= 0:
-            raise ValueError(f"horizon (algo.kl_ctrl.horizon) must be > 0, got {horizon}")
+            raise ValueError(f"algo.kl_reward.controller.horizon={horizon} must be > 0. Fix: e.g. 10000")
         self.value = float(init_kl_coef)
         self.target = float(target_kl)
         self.horizon = int(horizon)

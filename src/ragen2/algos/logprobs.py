@@ -1,11 +1,13 @@
-"""Token log-probabilities, token entropies and masked means, computed without a full-vocabulary copy.
+"""Token log-probabilities and entropies of sampled tokens, without a [B, T, V] tensor; masked means.
 
-`token_logprobs` is gather(logits, id) − logsumexp(logits) and `token_entropy` is
-logsumexp(l) − Σ softmax(l)·l (verl's `logprobs_from_logits` / `entropy_from_logits`), both
-evaluated in chunks of rows. Departure from verl: when gradients are needed every chunk runs under
-activation checkpointing, so the forward pass keeps no [rows, V] intermediate (softmax, fp32 upcast)
-alive; the backward pass recomputes one chunk at a time. Half-precision logits are upcast to fp32
-per chunk, and the results are fp32.
+The one implementation the update and its tests use. ``token_stats`` applies the LM head to the hidden
+states that predict the tokens, chunk by chunk: log p = gather(l, id) − logsumexp(l) and
+H = logsumexp(l) − Σ softmax(l)·l (verl's ``logprobs_from_logits`` / ``entropy_from_logits``) over
+l = head(h) / T. ``sampled_logprobs`` runs it on the loss-masked positions of a [B, T] batch only.
+Departures from verl: the head itself runs inside the chunks, so no full-batch logits exist; when
+gradients are on every chunk is activation-checkpointed, so the forward keeps no [rows, V]
+intermediate (logits, softmax, fp32 upcast) alive and the backward recomputes one chunk at a time.
+Half-precision logits are upcast to fp32 per chunk.
 """
 
 from __future__ import annotations
@@ -15,65 +17,89 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["masked_mean", "token_entropy", "token_logprobs"]
+__all__ = ["masked_mean", "sampled_logprobs", "token_stats"]
+
+Head = Callable[[torch.Tensor], torch.Tensor]  # [n, H] hidden states -> [n, V] logits
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half types (logsumexp over 49k entries loses digits in bf16), else the input dtype."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    """fp32 for half types (logsumexp over 49k entries loses digits in bf16), fp32 or fp64 as given."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16, torch.float32) else dtype
 
 
-def _check_chunk_rows(chunk_rows: int) -> None:
+def token_stats(
+    hidden: torch.Tensor,  # [N, H] the states that predict the tokens (logits themselves with the identity head)
+    ids: torch.Tensor,  # [N] the predicted token ids
+    head: Head = _identity,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_rows: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[N] log-probs of ``ids`` under softmax(head(hidden) / T) and, if asked, [N] entropies of it.
+
+    ``temperature`` ≤ 0 means greedy sampling, scored at T = 1.
+    """
     if not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}; use e.g. 4096")
-
-
-def _chunked(
-    fn: Callable[..., torch.Tensor], flat_logits: torch.Tensor, *extra: torch.Tensor, chunk_rows: int
-) -> torch.Tensor:
-    """Apply `fn(rows, *extra_rows)` to row chunks of [N, V] logits and concatenate the [n] results."""
-    use_ckpt = torch.is_grad_enabled() and flat_logits.requires_grad
-    outs = []
-    for start in range(0, flat_logits.shape[0], chunk_rows):
-        args = [t[start : start + chunk_rows] for t in (flat_logits, *extra)]
-        outs.append(checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args))
-    if not outs:
-        return flat_logits.new_zeros(0, dtype=_compute_dtype(flat_logits.dtype))
-    return torch.cat(outs)
-
-
-def _logprob_rows(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    rows = rows.to(_compute_dtype(rows.dtype))  # [n, V]
-    return rows.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(rows, dim=-1)  # [n]
-
-
-def _entropy_rows(rows: torch.Tensor) -> torch.Tensor:
-    rows = rows.to(_compute_dtype(rows.dtype))  # [n, V]
-    probs = torch.softmax(rows, dim=-1)  # [n, V]
-    return torch.logsumexp(rows, dim=-1) - (probs * rows).sum(-1)  # [n]
-
-
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
-    """log p(ids | logits) per position: logits [..., V], ids [...] (e.g. [B, T, V], [B, T]) -> [...]."""
-    _check_chunk_rows(chunk_rows)
-    if logits.shape[:-1] != ids.shape:
+        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}; use e.g. 1024")
+    if hidden.dim() != 2 or ids.shape != hidden.shape[:1]:
         raise ValueError(
-            f"token_logprobs: logits {tuple(logits.shape)} and ids {tuple(ids.shape)} disagree; "
-            "logits must be ids.shape + (vocab,)"
+            f"token_stats: hidden {tuple(hidden.shape)} and ids {tuple(ids.shape)} disagree; "
+            "hidden must be [N, H] (or [N, V] logits) and ids [N]"
         )
     if ids.dtype != torch.long:
-        raise ValueError(f"token_logprobs: ids must be torch.long, got {ids.dtype}")
-    vocab = logits.shape[-1]
-    flat = logits.reshape(-1, vocab)  # [N, V]
-    out = _chunked(_logprob_rows, flat, ids.reshape(-1), chunk_rows=chunk_rows)  # [N]
-    return out.reshape(ids.shape)
+        raise ValueError(f"token_stats: ids must be torch.long, got {ids.dtype}")
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+
+    def chunk_stats(h: torch.Tensor, chunk_ids: torch.Tensor) -> torch.Tensor:
+        logits = head(h)
+        logits = logits.to(_compute_dtype(logits.dtype)) * scale  # [n, V]
+        lse = torch.logsumexp(logits, dim=-1)  # [n]
+        lp = logits.gather(-1, chunk_ids[:, None]).squeeze(-1) - lse
+        if not with_entropy:
+            return lp[:, None]
+        return torch.stack([lp, lse - (logits.softmax(-1) * logits).sum(-1)], dim=-1)  # [n, 2]
+
+    use_ckpt = torch.is_grad_enabled()
+    parts = [
+        checkpoint(chunk_stats, hidden[s : s + chunk_rows], ids[s : s + chunk_rows], use_reentrant=False)
+        if use_ckpt
+        else chunk_stats(hidden[s : s + chunk_rows], ids[s : s + chunk_rows])
+        for s in range(0, hidden.shape[0], chunk_rows)
+    ]
+    width = 2 if with_entropy else 1
+    stats = torch.cat(parts) if parts else hidden.new_zeros((0, width), dtype=_compute_dtype(hidden.dtype))
+    return stats[:, 0], (stats[:, 1] if with_entropy else None)
 
 
-def token_entropy(logits: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
-    """Entropy of softmax(logits) per position: [..., V] -> [...] (differentiable, for the entropy bonus)."""
-    _check_chunk_rows(chunk_rows)
-    flat = logits.reshape(-1, logits.shape[-1])  # [N, V]
-    return _chunked(_entropy_rows, flat, chunk_rows=chunk_rows).reshape(logits.shape[:-1])
+def sampled_logprobs(
+    hidden: torch.Tensor,  # [b, T, H] the trunk's last hidden states
+    input_ids: torch.Tensor,  # [b, T]
+    loss_mask: torch.Tensor,  # [b, T] 1 where the token was sampled
+    head: Head,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_rows: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[b, T] fp32 log-probs (and entropies) of the loss-masked tokens, 0 elsewhere.
+
+    Position p predicts token p+1, so the head runs on the hidden states before masked tokens only.
+    """
+    target = loss_mask[:, 1:].bool()  # [b, T-1]
+    logp, entropy = token_stats(
+        hidden[:, :-1][target], input_ids[:, 1:][target], head, temperature, with_entropy, chunk_rows
+    )
+    out = hidden.new_zeros(input_ids.shape, dtype=torch.float32)
+    placed_logp = out.clone()
+    placed_logp[:, 1:][target] = logp
+    if entropy is None:
+        return placed_logp, None
+    placed_entropy = out.clone()
+    placed_entropy[:, 1:][target] = entropy
+    return placed_logp, placed_entropy
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -47,7 +47,7 @@ def aggregate(
     _check_same_shape(loss_mat=loss_mat, mask=mask)
     if mode not in AGG_MODES:
         raise ValueError(
-            f"unknown loss aggregation mode (algo.loss_agg_mode) {mode!r}; choose one of {AGG_MODES}"
+            f"unknown loss aggregation agg={mode!r} (algo.loss_agg). Fix: choose one of {AGG_MODES}"
         )
     if norm is not None and norm <= 0:
         raise ValueError(f"aggregate: norm must be > 0 (or None for the mask width), got {norm}")
@@ -68,9 +68,9 @@ def aggregate(
 
 def _check_clip(clip_low: float, clip_high: float) -> None:
     if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low (algo.clip_ratio_low) must be in [0, 1), got {clip_low}")
+        raise ValueError(f"clip_low={clip_low} must be in [0, 1). Fix: e.g. clip_low=0.2")
     if clip_high < 0.0:
-        raise ValueError(f"clip_high (algo.clip_ratio_high) must be >= 0, got {clip_high}")
+        raise ValueError(f"clip_high={clip_high} must be ≥ 0. Fix: e.g. clip_high=0.28")
 
 
 def clipped_surrogate(
@@ -93,7 +93,7 @@ def clipped_surrogate(
     _check_same_shape(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
     _check_clip(clip_low, clip_high)
     if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip (algo.clip_ratio_c) must be > 1 or None to disable, got {dual_clip}")
+        raise ValueError(f"dual_clip={dual_clip} must be > 1, or null to disable it. Fix: e.g. dual_clip=3.0")
     log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)  # [B, T]
     ratio = torch.exp(log_ratio)  # [B, T]
     loss1 = -advantages * ratio  # [B, T]
@@ -198,7 +198,9 @@ def value_loss(
     """
     _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
     if clip is not None and clip <= 0:
-        raise ValueError(f"value clip (algo.cliprange_value) must be > 0 or None, got {clip}")
+        raise ValueError(
+            f"value clip={clip} must be > 0, or null to disable it. Fix: e.g. algo.critic.value_clip=0.5"
+        )
     loss1 = (values - returns).square()  # [B, T]
     if clip is None:
         losses, loss2 = loss1, loss1

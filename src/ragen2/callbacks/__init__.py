@@ -2,6 +2,7 @@
 
 from ragen2.callbacks.checkpoint import LastCheckpoint
 from ragen2.callbacks.curves import CurvesPNG, plot_curves, read_metrics
+from ragen2.callbacks.diagnostics import MIDiagnostics
 from ragen2.callbacks.rollouts import RolloutTable, render_episode
 from ragen2.callbacks.summary import IterationSummary
 
@@ -9,6 +10,7 @@ __all__ = [
     "CurvesPNG",
     "IterationSummary",
     "LastCheckpoint",
+    "MIDiagnostics",
     "RolloutTable",
     "plot_curves",
     "read_metrics",

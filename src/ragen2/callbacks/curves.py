@@ -9,6 +9,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from ragen2.log import log
+
 MAIN_CURVES = (
     "rollout/success",
     "rollout/return",
@@ -69,4 +71,4 @@ class CurvesPNG(L.Callback):
                 metrics = Path(logger.log_dir) / "metrics.csv"
                 if metrics.is_file():
                     png = plot_curves(metrics, Path(trainer.default_root_dir) / "curves.png")
-                    print(f"[ragen2] curves: {png}")
+                    log.info("curves: %s", png)

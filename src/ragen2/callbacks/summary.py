@@ -1,4 +1,4 @@
-"""One printed line per iteration: what a researcher watches in a SLURM log."""
+"""One status line per iteration: what a researcher watches in a SLURM log (the ``ragen2`` logger)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
+
+from ragen2.data.contracts import ReportsMetrics
+from ragen2.log import log
 
 KEYS = (
     ("success", "rollout/success", "{:.2f}"),
@@ -26,6 +29,6 @@ class IterationSummary(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        metrics = getattr(pl_module, "last_metrics", {})
+        metrics = pl_module.last_metrics if isinstance(pl_module, ReportsMetrics) else {}
         parts = [f"{name} {fmt.format(metrics[key])}" for name, key, fmt in KEYS if key in metrics]
-        print(f"[ragen2] iteration {trainer.current_epoch}: " + " | ".join(parts), flush=True)
+        log.info("iteration %d: %s", trainer.current_epoch, " | ".join(parts))

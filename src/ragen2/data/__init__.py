@@ -1,21 +1,28 @@
-"""Rollout data: the batch type, the SNR filter, DAPO's dynamic sampling and overlong shaping, rollout
-metrics and the DataModule."""
+"""Rollout data: the batch type, the env/rollout/val configs, the SNR filter, DAPO's dynamic sampling and
+overlong shaping, rollout metrics, held-out evaluation and the DataModule."""
 
-from ragen2.data.batch import RolloutBatch, collate_episodes, returns_by_group
+from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
 from ragen2.data.datamodule import RolloutDataModule
-from ragen2.data.filtering import GroupFilter
-from ragen2.data.metrics import pass_at_k, rollout_metrics
+from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
+from ragen2.data.group_filter import GroupFilter
+from ragen2.data.metrics import rollout_metrics
+from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.sampling import DynamicSampling
 from ragen2.data.shaping import OverlongShaping
 
 __all__ = [
     "DynamicSampling",
+    "EnvConfig",
     "GroupFilter",
     "OverlongShaping",
     "RolloutBatch",
+    "RolloutConfig",
     "RolloutDataModule",
+    "ValConfig",
+    "by_group",
     "collate_episodes",
+    "evaluate",
+    "heldout_seeds",
     "pass_at_k",
-    "returns_by_group",
     "rollout_metrics",
 ]

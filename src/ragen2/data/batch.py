@@ -31,11 +31,18 @@ class RolloutBatch:
     keep: torch.Tensor  # [G] bool: groups the update trains on
     episodes: list[Episode] = field(default_factory=list)
     iteration: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)  # rollout/*, filter/*, time/* from the DataModule
+    # this iteration's metrics from before the update: rollout/*, filter/*, time/* (the DataModule) and
+    # diag/* (callbacks that measure the batch); the module logs them with its own
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_groups(self) -> int:
         return int(self.keep.numel())
+
+    @property
+    def kept_ratio(self) -> float:
+        """Fraction of the groups the filter kept."""
+        return int(self.keep.sum()) / self.keep.numel()
 
     @property
     def kept_rows(self) -> torch.Tensor:
@@ -135,15 +142,15 @@ def collate_episodes(
     )
 
 
-def returns_by_group(returns: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """[B] returns -> [G, K]; every group must hold the same number of episodes."""
+def by_group(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """[B] per-rollout values (e.g. returns) -> [G, K]; every group must hold the same number of episodes."""
     order = torch.argsort(group_index, stable=True)
     counts = torch.bincount(group_index, minlength=num_groups)
     if counts.numel() != num_groups or not bool((counts == counts[0]).all()):
         raise ValueError(
             f"groups have unequal sizes {counts.tolist()}; every group needs group_size episodes"
         )
-    return returns[order].view(num_groups, -1)
+    return values[order].view(num_groups, -1)
 
 
 def describe(batch: RolloutBatch) -> dict[str, Any]:

@@ -19,50 +19,36 @@ The SNR filter then runs on the resulting batch, as without dynamic sampling.
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import ragen2_envs
 import torch
 
 from ragen2.agent.episode import Episode
-from ragen2.agent.runner import AgentConfig, EpisodeRunner
+from ragen2.agent.runner import EpisodeRunner
 from ragen2.algos.filters import filter_stats
-from ragen2.data.batch import RolloutBatch, collate_episodes, returns_by_group
-from ragen2.data.filtering import GroupFilter
-from ragen2.data.metrics import evaluate, rollout_metrics
+from ragen2.config import ConfigError, settings
+from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
+from ragen2.data.contracts import HoldsPolicy
+from ragen2.data.evaluation import evaluate, heldout_seeds, validation_metrics
+from ragen2.data.group_filter import GroupFilter
+from ragen2.data.metrics import rollout_metrics
+from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.shaping import OverlongShaping
 from ragen2.models.loading import load_tokenizer
-from ragen2.rollout.base import Sampler, SamplingParams
+from ragen2.rollout.base import Sampler
 
-VAL_SEED_OFFSET = 1_000_000_007  # held-out instances never collide with training seeds
-# Dynamic sampling's later rounds draw instance and sampler seeds above both round 0's and validation's.
+log = logging.getLogger("ragen2")
+
+# Dynamic sampling's later rounds draw instance and sampler seeds above both round 0's and the held-out
+# ones (ragen2.data.evaluation.VAL_SEED_OFFSET).
 RESAMPLE_SEED_OFFSET = 2_000_000_011
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    id: str
-    max_turns: int
-    max_actions_per_turn: int
-    kwargs: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ValSpec:
-    every_n_iterations: int = 0  # 0 = no validation
-    num_seeds: int = 8
-    samples: int = 4  # sampled rollouts per seed, for pass@k
-    k: int = 4
-
-    def __post_init__(self) -> None:
-        if self.every_n_iterations and self.k > self.samples:
-            raise ValueError(f"val.k={self.k} exceeds val.samples={self.samples}; pass@k needs samples ≥ k")
 
 
 @dataclass
@@ -94,60 +80,43 @@ def _loader(batch: Any) -> torch.utils.data.DataLoader:
 
 
 class RolloutDataModule(L.LightningDataModule):
+    """Rolls out, shapes and filters one iteration's groups; validation rolls out held-out seeds.
+
+    Reads of the LightningModule only what ``HoldsPolicy`` declares (the policy, synced into the sampler
+    every iteration). A checkpoint records the env and rollout settings (``state_dict``), so
+    ``ragen2-eval`` evaluates a checkpoint with the settings it was trained with.
+    """
+
     def __init__(
         self,
-        env: dict[str, Any],
+        env: EnvConfig | Mapping[str, Any],
+        rollout: RolloutConfig | Mapping[str, Any],
         tokenizer: str,
-        sampler: Callable[[Any], Sampler],
         filter: GroupFilter,
-        groups: int = 4,
-        group_size: int = 4,
-        max_new_tokens: int = 64,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        max_context: int = 4096,
-        format_penalty: float = -0.1,
         seed: int = 0,
-        val: dict[str, Any] | None = None,
-        save_jsonl: bool = False,
+        val: ValConfig | Mapping[str, Any] | None = None,
         output_dir: str | None = None,
         sampling: DynamicSampling | Mapping[str, Any] | None = None,
         shaping: OverlongShaping | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.env = EnvSpec(
-            id=env["id"],
-            max_turns=int(env["max_turns"]),
-            max_actions_per_turn=int(env["max_actions_per_turn"]),
-            kwargs=dict(env.get("kwargs") or {}),
-        )
-        if group_size < 2:
-            raise ValueError(
-                f"rollout.group_size={group_size}: group-relative advantages and the reward-variance filter "
-                "need at least 2 rollouts per group. Fix: rollout.group_size=4 (or more)."
-            )
-        if groups < 1:
-            raise ValueError(f"rollout.groups={groups} must be ≥ 1")
-        self.tokenizer_name = tokenizer
-        self.sampler_factory = sampler
+        self.env = settings(EnvConfig, env, "env")
+        self.rollout_cfg = settings(RolloutConfig, rollout, "rollout")
         self.filter = filter
-        self.groups, self.group_size = groups, group_size
-        self.params = SamplingParams(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k
-        )
-        self.agent_cfg = AgentConfig(
-            max_turns=self.env.max_turns,
-            max_actions_per_turn=self.env.max_actions_per_turn,
-            format_penalty=format_penalty,
-            max_context=max_context,
-        )
+        self.groups, self.group_size = self.rollout_cfg.groups, self.rollout_cfg.group_size
+        sampler_cls = getattr(self.rollout_cfg.sampler, "func", self.rollout_cfg.sampler)
+        if filter.needs_entropy and not getattr(sampler_cls, "records_entropy", False):
+            raise ConfigError(
+                f"filter.score={filter.score!r} ranks groups by the sampler's token entropies, which "
+                f"{getattr(sampler_cls, '__name__', sampler_cls)} does not record. Fix: rollout=hf, or a "
+                "reward or length score."
+            )
+        self.tokenizer_name = tokenizer
         self.seed = seed
         self.sampling = DynamicSampling(**sampling) if isinstance(sampling, Mapping) else sampling
         shaping = OverlongShaping(**shaping) if isinstance(shaping, Mapping) else shaping
-        self.shaping = shaping.resolve(max_new_tokens) if shaping is not None else None
-        self.val = ValSpec(**(val or {}))
-        self.save_jsonl = save_jsonl
+        self.shaping = shaping.resolve(self.rollout_cfg.max_new_tokens) if shaping is not None else None
+        self.val = settings(ValConfig, val, "val")
         self.output_dir = output_dir
         self.tokenizer: Any = None
         self.sampler: Sampler | None = None
@@ -157,30 +126,31 @@ class RolloutDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.runner is not None:
             return
-        ragen2_envs.make(self.env.id, **self.env.kwargs)  # fail fast on a bad env id or knob
+        self.env.make()  # fail fast on a bad env knob
         self.tokenizer = load_tokenizer(self.tokenizer_name)
-        self.sampler = self.sampler_factory(self.tokenizer)
-        self.runner = EpisodeRunner(
-            lambda: ragen2_envs.make(self.env.id, **self.env.kwargs),
-            self.tokenizer,
-            self.agent_cfg,
-            self.params,
-            env_id=self.env.id,
-        )
+        self.sampler = self.rollout_cfg.sampler(self.tokenizer)
+        self.runner = self.rollout_cfg.runner(self.env, self.tokenizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The env and rollout settings the run trained with (read back by ``ragen2-eval``)."""
+        return {"env": asdict(self.env), "rollout": self.rollout_cfg.saved()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Settings come from the config; the saved ones only document the run."""
 
     def _rank(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
     def _policy(self) -> Any:
-        trainer = self.trainer
-        return None if trainer is None else trainer.lightning_module.policy
+        module = None if self.trainer is None else self.trainer.lightning_module
+        return module.policy if isinstance(module, HoldsPolicy) else None
 
     def _resample_slot(self, iteration: int, round: int) -> int:
         """A distinct index per (iteration, rank, round ≥ 1): max_rounds − 1 slots per (iteration, rank)."""
         if self.sampling is None or not 1 <= round < self.sampling.max_rounds:
             raise ValueError(
-                f"round {round} does not exist: later rounds need data.sampling.max_rounds > {round}"
+                f"round {round} does not exist: later rounds need algo.sampling.max_rounds > {round}"
             )
         rank, world = self._rank()
         return (iteration * world + rank) * (self.sampling.max_rounds - 1) + round - 1
@@ -241,9 +211,7 @@ class RolloutDataModule(L.LightningDataModule):
             episodes = self._collect(iteration, r)
             rounds.append(episodes)
             last = self._collate(episodes, self.groups, iteration)
-            informative = self.sampling.informative(
-                returns_by_group(last.returns, last.group_index, self.groups)
-            )
+            informative = self.sampling.informative(by_group(last.returns, last.group_index, self.groups))
             dropped += int((~informative).sum())
             found = len(kept) // self.group_size
             take = informative.nonzero().squeeze(-1).tolist()[: self.groups - found]
@@ -278,9 +246,7 @@ class RolloutDataModule(L.LightningDataModule):
         out = self._single(iteration) if self.sampling is None else self._dynamic(iteration)
         rollout_s = time.perf_counter() - start
         batch = out.batch
-        keep, scores, stats = self.filter(
-            returns_by_group(batch.returns, batch.group_index, batch.num_groups)
-        )
+        keep, scores, stats = self.filter(batch)
         if not bool(out.trainable.all()):
             keep = keep & out.trainable
             stats = filter_stats(scores, keep)
@@ -292,7 +258,7 @@ class RolloutDataModule(L.LightningDataModule):
         batch.metrics.update({f"filter/{k}": v for k, v in stats.items()})
         batch.metrics.update(out.metrics)
         batch.metrics["time/rollout"] = rollout_s
-        if self.save_jsonl:
+        if self.rollout_cfg.save_jsonl:
             self._write_jsonl(out.episodes, out.placed, iteration, keep)
         return batch
 
@@ -320,32 +286,18 @@ class RolloutDataModule(L.LightningDataModule):
         return _loader(self.rollout(iteration))
 
     def validation_rollout(self) -> dict[str, float]:
-        """Greedy success and sampled pass@k on held-out instance seeds."""
+        """Greedy success and sampled pass@k on held-out instance seeds (``ragen2.data.evaluation``)."""
         self.setup()
         assert self.runner is not None and self.sampler is not None
         policy = self._policy()
         if policy is not None:
             self.sampler.sync_weights(policy)
         start = time.perf_counter()
-        seeds = [VAL_SEED_OFFSET + self.seed * 10_007 + i for i in range(self.val.num_seeds)]
-        greedy_runner = EpisodeRunner(
-            self.runner.env_factory,
-            self.tokenizer,
-            self.agent_cfg,
-            SamplingParams(max_new_tokens=self.params.max_new_tokens, temperature=0.0),
-            env_id=self.env.id,
+        seeds = heldout_seeds(self.seed, self.val.num_seeds)
+        results = evaluate(
+            self.runner, self.sampler, seeds, self.val.samples, sorted({1, self.val.k}), sample_seed=self.seed
         )
-        ks = sorted({1, self.val.k})
-        out = evaluate(
-            self.runner, greedy_runner, self.sampler, seeds, self.val.samples, ks, sample_seed=self.seed
-        )
-        return {
-            "val/success": out["greedy/success"],
-            "val/return": out["greedy/return"],
-            "val/sampled_success": out["sampled/success"],
-            **{f"val/pass@{k}": out[f"pass@{k}"] for k in ks},
-            "time/validation": time.perf_counter() - start,
-        }
+        return {**validation_metrics(results), "time/validation": time.perf_counter() - start}
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return _loader(self.validation_rollout())

@@ -1,13 +1,40 @@
-"""The SNR filter as a config object: score each group, select, report (METHOD.md §4)."""
+"""The SNR filter as a config object (``filter.*``): score each group of a batch, select, report (METHOD.md §4).
+
+Each score type reduces its own per-rollout quantity (``ragen2.algos.filters.SCORE_INPUTS``): episode
+returns for ``reward_*``, the mean next-token entropy the sampler recorded over the rollout's sampled
+positions for ``entropy*``, the rollout's sampled tokens for ``length``. The selection itself is the
+pure ``select_groups``; this object holds the knobs and refuses values that cannot work at construction.
+"""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ragen2.algos.filters import SCORE_KINDS, filter_stats, group_scores, select_groups
+from ragen2.algos.filters import SCORE_INPUTS, SCORE_KINDS, filter_stats, group_scores, select_groups
+from ragen2.config import ConfigError
+from ragen2.data.batch import RolloutBatch, by_group
+
+
+def _entropies(batch: RolloutBatch) -> torch.Tensor:
+    values = [ep.mean_entropy for ep in batch.episodes]
+    if any(v is None for v in values):
+        raise ValueError(
+            "filter.score ranks by entropy, but these episodes carry no recorded entropies; use a sampler "
+            "that records them (rollout=hf)"
+        )
+    return torch.tensor(values, dtype=torch.float64)
+
+
+#: per-rollout quantity -> [B] values of a batch
+ROLLOUT_VALUES: dict[str, Callable[[RolloutBatch], torch.Tensor]] = {
+    "return": lambda batch: batch.returns,
+    "entropy": _entropies,
+    "length": lambda batch: torch.tensor([ep.sampled_tokens for ep in batch.episodes], dtype=torch.float64),
+}
 
 
 @dataclass(frozen=True)
@@ -15,28 +42,45 @@ class GroupFilter:
     """Keeps the groups with the most signal; ``strategy="none"`` keeps every group (the no-filter baseline)."""
 
     score: str = "reward_std"
+    """reward_std (the reference's "RV") | reward_var | reward_mean | entropy | entropy_std | length."""
     strategy: str = "top_p"
+    """top_p | top_k | top_k_abs | min_p | none."""
     value: float = 0.9
+    """top_p: the share of the total score to keep, in (0, 1]; top_k: a fraction of groups; top_k_abs: a
+    count; min_p: the fraction of the best score."""
     mode: str = "linear"
+    """top_p: linear (recommended) | softmax (depends on the scale of the scores)."""
     include_zero: bool = False
+    """Whether zero-score groups (no reward variance) may be kept."""
     eps: float = 0.01
+    """top_p linear: the kept prefix must reach p·Σs − eps."""
     largest: bool = True
-    loss_scaling: str = "none"  # none | linear | sqrt in the kept ratio
-    max_empty_iterations: int = 10  # stop after this many consecutive empty batches; 0 = never stop
+    """Keep the highest scores (False: the lowest)."""
 
     def __post_init__(self) -> None:
         if self.score not in SCORE_KINDS:
-            raise ValueError(f"filter.score={self.score!r} is unknown; choose one of {SCORE_KINDS}")
-        if self.max_empty_iterations < 0:
-            raise ValueError(
-                f"filter.max_empty_iterations={self.max_empty_iterations} must be ≥ 0 (0 disables)"
+            raise ConfigError(
+                f"filter.score={self.score!r} is unknown. Fix: choose one of {', '.join(SCORE_KINDS)}"
             )
-        # validates strategy/value/mode/eps once, at construction (and warns once for softmax mode)
-        select_groups(torch.ones(2), self.strategy, self.value, mode=self.mode, eps=self.eps)
+        if self.strategy == "top_p" and not 0 < self.value <= 1:
+            raise ConfigError(
+                f"filter.value={self.value}: top_p keeps the groups holding this share of the total score, "
+                "a number in (0, 1] (1 keeps every group with a non-zero score). Fix: filter.value=0.9"
+            )
+        try:  # validates strategy/value/mode/eps once (and warns once for softmax mode)
+            select_groups(torch.ones(2), self.strategy, self.value, mode=self.mode, eps=self.eps)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
 
-    def __call__(self, per_group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """[G, K] per-rollout values -> (keep [G], scores [G], filter/* stats)."""
-        scores = group_scores(per_group, self.score)
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the score ranks by the sampler's recorded entropies."""
+        return SCORE_INPUTS[self.score] == "entropy"
+
+    def __call__(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """The batch's groups -> (keep [G], scores [G], filter/* stats)."""
+        values = ROLLOUT_VALUES[SCORE_INPUTS[self.score]](batch)  # [B]
+        scores = group_scores(by_group(values, batch.group_index, batch.num_groups), self.score)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # already warned at construction
             keep = select_groups(

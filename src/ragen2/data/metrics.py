@@ -6,8 +6,6 @@ import statistics
 from collections.abc import Sequence
 
 from ragen2.agent.episode import Episode
-from ragen2.agent.runner import EpisodeRunner
-from ragen2.rollout.base import Sampler
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -35,41 +33,13 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "context_truncation_rate": _mean([float(ep.end_reason == "context") for ep in episodes]),
         "format_penalty": _mean([sum(t.penalty for t in ep.turns) for ep in episodes]),
         "sequence_length": _mean([len(ep.token_ids) for ep in episodes]),
+        **_token_entropy(episodes),
     }
 
 
-def pass_at_k(successes: Sequence[Sequence[bool]], k: int) -> float:
-    """Unbiased pass@k (Chen et al. 2021) averaged over instances, each with n ≥ k samples."""
-    total = 0.0
-    for samples in successes:
-        n, c = len(samples), sum(samples)
-        if n < k:
-            raise ValueError(f"pass@{k} needs at least {k} samples per instance, got {n}; raise val.samples")
-        fail = 1.0
-        for i in range(n - c + 1, n + 1):  # C(n-c, k) / C(n, k) as a product
-            fail *= 1.0 - k / i
-        total += 1.0 - (fail if n - c >= k else 0.0)
-    return total / max(1, len(successes))
-
-
-def evaluate(
-    runner: EpisodeRunner,
-    greedy_runner: EpisodeRunner,
-    sampler: Sampler,
-    seeds: Sequence[int],
-    samples: int,
-    ks: Sequence[int],
-    sample_seed: int = 0,
-) -> dict[str, float]:
-    """Greedy success, sampled success and pass@k (unbiased, n = ``samples`` per instance)."""
-    out: dict[str, float] = {"instances": float(len(seeds))}
-    greedy = greedy_runner.collect(sampler, seeds, 1, sample_seed=sample_seed)
-    out.update({f"greedy/{k}": v for k, v in rollout_metrics(greedy).items()})
-    if samples > 0:
-        sampled = runner.collect(sampler, seeds, samples, sample_seed=sample_seed + 1)
-        out.update({f"sampled/{k}": v for k, v in rollout_metrics(sampled).items()})
-        by_seed = [[ep.success for ep in sampled if ep.group == g] for g in range(len(seeds))]
-        for k in ks:
-            if k <= samples:
-                out[f"pass@{k}"] = pass_at_k(by_seed, k)
-    return out
+def _token_entropy(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Mean next-token entropy over every sampled position, when the sampler recorded it."""
+    if any(ep.mean_entropy is None for ep in episodes):
+        return {}
+    values = [h for ep in episodes for t in ep.turns for h in t.entropies or ()]
+    return {"token_entropy": _mean(values)}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ragen2.agent.episode import Episode
+from ragen2.config import ConfigError
 
 __all__ = ["DynamicSampling", "regroup"]
 
@@ -36,13 +37,13 @@ class DynamicSampling:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 1:
-            raise ValueError(
-                f"data.sampling.max_rounds={self.max_rounds!r} must be a whole number ≥ 1 (rounds of "
-                "rollout.groups groups per iteration). Fix: data.sampling.max_rounds=4, or "
-                "data.sampling=null to switch dynamic sampling off."
+            raise ConfigError(
+                f"algo.sampling.max_rounds={self.max_rounds!r} must be a whole number ≥ 1 (rounds of "
+                "rollout.groups groups per iteration). Fix: algo.sampling.max_rounds=4, or "
+                "algo.sampling=null to switch dynamic sampling off."
             )
         if not self.atol >= 0:
-            raise ValueError(f"data.sampling.atol={self.atol} must be ≥ 0. Fix: data.sampling.atol=1e-6")
+            raise ConfigError(f"algo.sampling.atol={self.atol} must be ≥ 0. Fix: algo.sampling.atol=1e-6")
 
     def informative(self, per_group: torch.Tensor) -> torch.Tensor:
         """[G, K] returns -> [G] bool: True where the group's returns are not all equal."""
@@ -56,5 +57,5 @@ def regroup(episodes: Sequence[Episode], groups: Sequence[int], first: int) -> l
     ``dataclasses.replace`` leaves the caller's episodes untouched; the instance seed is kept.
     """
     new_index = {g: first + i for i, g in enumerate(groups)}
-    by_group = sorted((ep for ep in episodes if ep.group in new_index), key=lambda ep: new_index[ep.group])
-    return [replace(ep, group=new_index[ep.group]) for ep in by_group]
+    members = sorted((ep for ep in episodes if ep.group in new_index), key=lambda ep: new_index[ep.group])
+    return [replace(ep, group=new_index[ep.group]) for ep in members]

@@ -27,6 +27,7 @@ import torch
 
 from ragen2.agent.episode import Episode, Turn
 from ragen2.algos.losses import overlong_penalty
+from ragen2.config import ConfigError
 
 __all__ = ["OverlongShaping"]
 
@@ -48,23 +49,23 @@ class OverlongShaping:
 
     def __post_init__(self) -> None:
         if self.cache_len < 0:
-            raise ValueError(
-                f"data.shaping.cache_len={self.cache_len} must be ≥ 0 (0 = a hard cut at max_len). "
-                "Fix: e.g. data.shaping.cache_len=16, a quarter of rollout.max_new_tokens."
+            raise ConfigError(
+                f"algo.shaping.cache_len={self.cache_len} must be ≥ 0 (0 = a hard cut at max_len). "
+                "Fix: e.g. algo.shaping.cache_len=16, a quarter of rollout.max_new_tokens."
             )
         if self.penalty < 0:
-            raise ValueError(
-                f"data.shaping.penalty={self.penalty} must be ≥ 0 (it is subtracted). Fix: data.shaping.penalty=1.0"
+            raise ConfigError(
+                f"algo.shaping.penalty={self.penalty} must be ≥ 0 (it is subtracted). Fix: algo.shaping.penalty=1.0"
             )
         if self.max_len is not None and self.max_len <= 0:
-            raise ValueError(
-                f"data.shaping.max_len={self.max_len} must be > 0. Fix: data.shaping.max_len=null (the "
+            raise ConfigError(
+                f"algo.shaping.max_len={self.max_len} must be > 0. Fix: algo.shaping.max_len=null (the "
                 "rollout's max_new_tokens)"
             )
         if self.max_len is not None and self.cache_len > self.max_len:
-            raise ValueError(
-                f"data.shaping.cache_len={self.cache_len} exceeds data.shaping.max_len={self.max_len}. "
-                "Fix: lower data.shaping.cache_len or raise data.shaping.max_len."
+            raise ConfigError(
+                f"algo.shaping.cache_len={self.cache_len} exceeds algo.shaping.max_len={self.max_len}. "
+                "Fix: lower algo.shaping.cache_len or raise algo.shaping.max_len."
             )
 
     def resolve(self, max_new_tokens: int) -> OverlongShaping:
@@ -72,16 +73,16 @@ class OverlongShaping:
         if self.max_len is not None:
             return self
         if self.cache_len > max_new_tokens:
-            raise ValueError(
-                f"data.shaping.cache_len={self.cache_len} exceeds rollout.max_new_tokens={max_new_tokens} "
-                "(the default data.shaping.max_len). Fix: lower data.shaping.cache_len or set "
-                "data.shaping.max_len."
+            raise ConfigError(
+                f"algo.shaping.cache_len={self.cache_len} exceeds rollout.max_new_tokens={max_new_tokens} "
+                "(the default algo.shaping.max_len). Fix: lower algo.shaping.cache_len or set "
+                "algo.shaping.max_len."
             )
         return replace(self, max_len=max_new_tokens)
 
     def _limit(self) -> int:
         if self.max_len is None:
-            raise ValueError(
+            raise ConfigError(
                 "OverlongShaping.max_len is unset: call .resolve(max_new_tokens) first (RolloutDataModule does)"
             )
         return self.max_len

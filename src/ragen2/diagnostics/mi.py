@@ -32,6 +32,8 @@ METRIC_KEYS = (
     *(f"retrieval_acc@{k}" for k in RETRIEVAL_KS),
     "retrieval_chance",
     "retrieval_above_chance",
+    *(f"retrieval_chance@{k}" for k in RETRIEVAL_KS),
+    *(f"retrieval_above_chance@{k}" for k in RETRIEVAL_KS),
     "marginal_std",
     "marginal_std_seq",
     "mi_zscore",
@@ -127,9 +129,12 @@ def mi_metrics(logp_sum: Tensor, prompt_index: Tensor, num_tokens: Tensor) -> di
     rank = true_rank(token_scores, prompt_index)
     acc = float((rank == 1).double().mean())
     out["retrieval_acc"] = acc
-    for k in RETRIEVAL_KS:
-        out[f"retrieval_acc@{k}"] = float((rank <= min(k, cols)).double().mean())
     out["retrieval_chance"] = 1.0 / cols
     out["retrieval_above_chance"] = acc - 1.0 / cols
+    for k in RETRIEVAL_KS:
+        k_eff = min(k, cols)  # the true prompt is among the top k_eff of C columns by chance k_eff/C
+        out[f"retrieval_acc@{k}"] = float((rank <= k_eff).double().mean())
+        out[f"retrieval_chance@{k}"] = k_eff / cols
+        out[f"retrieval_above_chance@{k}"] = out[f"retrieval_acc@{k}"] - k_eff / cols
     out["mi_upper_bound"] = math.log(cols)
     return {key: out[key] for key in METRIC_KEYS}

@@ -3,10 +3,19 @@
 from ragen2.models.loading import (
     BUILTIN,
     TINY,
+    ModelConfig,
     cache_root,
     load_model,
     load_tokenizer,
     resolve_model_path,
 )
 
-__all__ = ["BUILTIN", "TINY", "cache_root", "load_model", "load_tokenizer", "resolve_model_path"]
+__all__ = [
+    "BUILTIN",
+    "TINY",
+    "ModelConfig",
+    "cache_root",
+    "load_model",
+    "load_tokenizer",
+    "resolve_model_path",
+]

@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -132,9 +133,34 @@ def load_tokenizer(name_or_path: str):  # -> PreTrainedTokenizerBase
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _check_dtype(dtype: str) -> None:
+    if dtype not in _DTYPES:
+        raise ValueError(f"model.dtype={dtype!r} is not supported. Fix: one of {', '.join(sorted(_DTYPES))}")
+
+
 def load_model(name_or_path: str, dtype: str = "float32"):  # -> PreTrainedModel
     from transformers import AutoModelForCausalLM
 
-    if dtype not in _DTYPES:
-        raise ValueError(f"model.dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+    _check_dtype(dtype)
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=_DTYPES[dtype])
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``model.*``: the causal LM a run trains (and ``ragen2-eval`` loads)."""
+
+    name_or_path: str
+    """An HF hub name or local folder, or ``builtin`` / ``tiny``."""
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16: the weights' dtype."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, more compute)."""
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+
+    def load(self):  # -> PreTrainedModel
+        model = load_model(self.name_or_path, self.dtype)
+        if self.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        return model

@@ -1,6 +1,7 @@
-"""LightningModules: the policy-gradient module (GRPO family) and the actor-critic module (PPO)."""
+"""The LightningModule of every algorithm and the pieces an algorithm config composes into it."""
 
-from ragen2.modules.actor_critic import ActorCriticModule
+from ragen2.modules.algo_config import AlgoConfig, OptimConfig
+from ragen2.modules.critic import Critic
 from ragen2.modules.estimators import (
     AdvantageEstimator,
     Advantages,
@@ -10,22 +11,23 @@ from ragen2.modules.estimators import (
     OutcomeAdvantage,
     TokenAdvantage,
 )
-from ragen2.modules.objectives import PolicyObjective, TokenRatioLoss, TurnRatioLoss
-from ragen2.modules.policy import PolicyModule, micro_batches, sampled_logprobs
+from ragen2.modules.objectives import LossTerms, PolicyObjective, TokenRatioLoss, TurnRatioLoss
+from ragen2.modules.policy import PolicyModule
 
 __all__ = [
-    "ActorCriticModule",
     "AdvantageEstimator",
     "Advantages",
+    "AlgoConfig",
+    "Critic",
     "GAEAdvantage",
     "GroupTokenAdvantage",
     "KLInReward",
+    "LossTerms",
+    "OptimConfig",
     "OutcomeAdvantage",
     "PolicyModule",
     "PolicyObjective",
     "TokenAdvantage",
     "TokenRatioLoss",
     "TurnRatioLoss",
-    "micro_batches",
-    "sampled_logprobs",
 ]

@@ -18,6 +18,7 @@ import torch
 from ragen2.algos.advantages import bilevel_gae, gae, whiten
 from ragen2.algos.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
 from ragen2.algos.logprobs import masked_mean
+from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch
 
 REWARDS = {"turn": "turn_rewards", "episode": "token_rewards"}
@@ -36,8 +37,8 @@ class AdvantageEstimator(Protocol):
 
 def _reward_field(reward: str) -> str:
     if reward not in REWARDS:
-        raise ValueError(
-            f"algo.advantage.reward={reward!r} is unknown; choose one of {sorted(REWARDS)} "
+        raise ConfigError(
+            f"algo.advantage.reward={reward!r} is unknown. Fix: choose one of {sorted(REWARDS)} "
             "(turn: each turn's reward at its end; episode: the return at the last sampled token)"
         )
     return REWARDS[reward]
@@ -117,10 +118,13 @@ class GAEAdvantage:
     ) -> None:
         for key, v in (("gamma", gamma), ("lam", lam), ("turn_gamma", turn_gamma)):
             if not 0.0 <= v <= 1.0:
-                raise ValueError(f"algo.advantage.{key}={v} must be in [0, 1]")
+                raise ConfigError(
+                    f"algo.advantage.{key}={v} must be in [0, 1]. Fix: e.g. algo.advantage.{key}=1.0"
+                )
         if bilevel and reward != "turn":
-            raise ValueError(
-                f"algo.advantage.bilevel=true needs reward='turn' (got {reward!r}): bi-level GAE credits each turn's reward"
+            raise ConfigError(
+                f"algo.advantage.bilevel=true with algo.advantage.reward={reward!r}: bi-level GAE credits each "
+                "turn's reward. Fix: algo.advantage.reward=turn"
             )
         self.gamma, self.lam, self.turn_gamma = gamma, lam, turn_gamma
         self.field = _reward_field(reward)
@@ -154,7 +158,7 @@ class KLInReward:
 
     def __init__(self, controller: FixedKLController | AdaptiveKLController, kind: str = "k1") -> None:
         if kind not in KL_KINDS:
-            raise ValueError(f"algo.kl_reward.kind={kind!r} is unknown; choose one of {KL_KINDS}")
+            raise ConfigError(f"algo.kl_reward.kind={kind!r} is unknown. Fix: choose one of {KL_KINDS}")
         self.controller = controller
         self.kind = kind
 

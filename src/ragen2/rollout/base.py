@@ -19,11 +19,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ValueError(f"rollout.max_new_tokens={self.max_new_tokens} must be ≥ 1")
+            raise ValueError(
+                f"rollout.max_new_tokens={self.max_new_tokens} must be ≥ 1. Fix: e.g. rollout.max_new_tokens=48"
+            )
         if self.temperature < 0:
-            raise ValueError(f"rollout.temperature={self.temperature} must be ≥ 0 (0 = greedy)")
+            raise ValueError(
+                f"rollout.temperature={self.temperature} must be ≥ 0 (0 = greedy). Fix: rollout.temperature=1.0"
+            )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout.top_p={self.top_p} must be in (0, 1]")
+            raise ValueError(f"rollout.top_p={self.top_p} must be in (0, 1]. Fix: rollout.top_p=1.0 (off)")
 
 
 @dataclass
@@ -32,6 +36,9 @@ class Sample:
     finish_reason: FinishReason
     # log π_sampler(token) under the temperature-scaled distribution; None when the backend has no model
     logprobs: list[float] | None = None
+    # entropy of the temperature-scaled next-token distribution at each sampled position (T = 1 when
+    # greedy); None when the backend has no model (``records_entropy`` False)
+    entropies: list[float] | None = None
 
 
 @dataclass
@@ -46,6 +53,8 @@ class PromptMeta:
 class Sampler(Protocol):
     #: whether the runner should compute ``env.oracle_action()`` for each prompt (scripted backends)
     needs_oracle: bool
+    #: whether samples carry the per-token entropies the filter's entropy scores rank by
+    records_entropy: bool
 
     def generate(
         self,

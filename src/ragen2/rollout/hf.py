@@ -55,6 +55,7 @@ def _longest_source(prompt: Sequence[int], sources: Sequence[_Prefix]) -> _Prefi
 
 class HFSampler:
     needs_oracle = False
+    records_entropy = True
 
     def __init__(
         self,
@@ -174,6 +175,7 @@ class HFSampler:
 
         ids: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
+        entropies: list[list[float]] = [[] for _ in range(b)]
         finish: list[str | None] = [None] * b
         # every token holds at least one byte of the text, so a stop string of B bytes spans ≤ B tokens
         window = max([self.stop_window, *(len(s.encode()) for s in params.stop)])
@@ -197,12 +199,16 @@ class HFSampler:
             else:
                 token = logits.argmax(-1)
             token_logp = logp_all.gather(-1, token[:, None]).squeeze(-1)
+            # entropy of the temperature-scaled distribution (before top-k/p); 0·log 0 counts as 0
+            probs_all = logp_all.exp()
+            entropy = -torch.where(probs_all > 0, probs_all * logp_all, 0.0).sum(-1)
             for i in range(b):
                 if finish[i] is not None:
                     continue
                 t = int(token[i])
                 ids[i].append(t)
                 logps[i].append(float(token_logp[i]))
+                entropies[i].append(float(entropy[i]))
                 if t in self.eos_ids:
                     finish[i] = "eos"
                 elif params.stop:
@@ -219,7 +225,8 @@ class HFSampler:
             attention = torch.cat([attention, active[:, None]], dim=-1)
             step_pos = step_pos[:, -1:] + 1
         samples = [
-            Sample(ids=ids[i], finish_reason=finish[i] or "length", logprobs=logps[i]) for i in range(b)
+            Sample(ids=ids[i], finish_reason=finish[i] or "length", logprobs=logps[i], entropies=entropies[i])
+            for i in range(b)
         ]
         return samples, self._hold(prompts, ids, cache, attention)
 

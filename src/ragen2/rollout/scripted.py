@@ -24,6 +24,7 @@ DEFAULT_RESPONSES: tuple[str, ...] = (
 
 class ScriptedSampler:
     needs_oracle = True
+    records_entropy = False  # no model, no distribution
 
     def __init__(self, tokenizer: Any, responses: Sequence[str] = DEFAULT_RESPONSES, fallback: str = "Up"):
         if not responses:

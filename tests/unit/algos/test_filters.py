@@ -328,7 +328,7 @@ def test_loss_scale() -> None:
     assert loss_scale(0.25, "none") == 1.0
     assert loss_scale(0.25, "linear") == 0.25
     assert loss_scale(0.25, "sqrt") == pytest.approx(0.5)
-    with pytest.raises(ValueError, match=r"filter\.loss_scaling"):
+    with pytest.raises(ValueError, match=r"algo\.loss_scaling"):
         loss_scale(0.5, "log")
     with pytest.raises(ValueError, match="kept_ratio"):
         loss_scale(1.5, "linear")

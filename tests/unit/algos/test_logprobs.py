@@ -6,29 +6,38 @@ import math
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from ragen2.algos.logprobs import masked_mean, token_entropy, token_logprobs
+from ragen2.algos.logprobs import masked_mean, sampled_logprobs, token_stats
+from ragen2.models.forward import decoder_hidden, lm_head
 
 
 def test_hand_values() -> None:
     # logits (0, 0): p = (.5, .5) → log p = log .5, H = log 2.
     # logits (0, log 3): p = (.25, .75) → log p(1) = log .75, H = −(.25 log .25 + .75 log .75).
-    logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)]]], dtype=torch.float64)
-    ids = torch.tensor([[0, 1]])
-    torch.testing.assert_close(
-        token_logprobs(logits, ids), torch.tensor([[math.log(0.5), math.log(0.75)]], dtype=torch.float64)
-    )
+    logits = torch.tensor([[0.0, 0.0], [0.0, math.log(3.0)]], dtype=torch.float64)
+    lp, ent = token_stats(logits, torch.tensor([0, 1]), with_entropy=True)
+    torch.testing.assert_close(lp, torch.tensor([math.log(0.5), math.log(0.75)], dtype=torch.float64))
     h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
-    torch.testing.assert_close(token_entropy(logits), torch.tensor([[math.log(2.0), h]], dtype=torch.float64))
+    torch.testing.assert_close(ent, torch.tensor([math.log(2.0), h], dtype=torch.float64))
+
+
+def test_temperature_scales_the_logits() -> None:
+    # logits (0, 2 log 3) at T = 2 are (0, log 3): p = (.25, .75), as in the hand values above
+    logits = torch.tensor([[0.0, 2 * math.log(3.0)]], dtype=torch.float64)
+    lp, _ = token_stats(logits, torch.tensor([1]), temperature=2.0)
+    assert lp.item() == pytest.approx(math.log(0.75))
+    greedy, _ = token_stats(logits, torch.tensor([1]), temperature=0.0)  # greedy is scored at T = 1
+    assert greedy.item() == pytest.approx(math.log(9 / 10))
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 3, 4096])
 def test_matches_naive_with_gradients(chunk_rows: int) -> None:
-    # B·T = 10 rows: chunk 3 leaves a partial last chunk, 4096 is one chunk.
+    # 10 rows: chunk 3 leaves a partial last chunk, 4096 is one chunk.
     gen = torch.Generator().manual_seed(4)
-    base = torch.randn(2, 5, 11, generator=gen, dtype=torch.float64) * 3
-    ids = torch.randint(0, 11, (2, 5), generator=gen)
-    w = torch.randn(2, 5, generator=gen, dtype=torch.float64)  # upstream gradient
+    base = torch.randn(10, 11, generator=gen, dtype=torch.float64) * 3
+    ids = torch.randint(0, 11, (10,), generator=gen)
+    w = torch.randn(10, generator=gen, dtype=torch.float64)  # upstream gradient
 
     def naive(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logp_all = torch.log_softmax(x, -1)
@@ -40,38 +49,38 @@ def test_matches_naive_with_gradients(chunk_rows: int) -> None:
     g_h_ref = torch.autograd.grad([(h_ref * w).sum()], [x_ref])[0]
 
     x = base.clone().requires_grad_(True)
-    lp = token_logprobs(x, ids, chunk_rows=chunk_rows)
+    lp, h = token_stats(x, ids, with_entropy=True, chunk_rows=chunk_rows)
+    assert h is not None
     torch.testing.assert_close(lp, lp_ref)
-    torch.testing.assert_close(torch.autograd.grad([(lp * w).sum()], [x])[0], g_lp_ref)
-    x2 = base.clone().requires_grad_(True)
-    h = token_entropy(x2, chunk_rows=chunk_rows)
     torch.testing.assert_close(h, h_ref)
-    torch.testing.assert_close(torch.autograd.grad([(h * w).sum()], [x2])[0], g_h_ref)
+    torch.testing.assert_close(torch.autograd.grad([(lp * w).sum()], [x], retain_graph=True)[0], g_lp_ref)
+    torch.testing.assert_close(torch.autograd.grad([(h * w).sum()], [x])[0], g_h_ref)
 
 
 def test_bfloat16_is_upcast() -> None:
     # bf16 logits give fp32 results equal to the fp32 computation on the same (rounded) logits.
     gen = torch.Generator().manual_seed(5)
-    logits = (torch.randn(3, 4, 300, generator=gen) * 5).to(torch.bfloat16)
-    ids = torch.randint(0, 300, (3, 4), generator=gen)
-    lp = token_logprobs(logits, ids, chunk_rows=5)
+    logits = (torch.randn(12, 300, generator=gen) * 5).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (12,), generator=gen)
+    lp, ent = token_stats(logits, ids, with_entropy=True, chunk_rows=5)
     assert lp.dtype == torch.float32
-    torch.testing.assert_close(lp, token_logprobs(logits.float(), ids))
-    torch.testing.assert_close(token_entropy(logits, chunk_rows=5), token_entropy(logits.float()))
+    want_lp, want_ent = token_stats(logits.float(), ids, with_entropy=True)
+    torch.testing.assert_close(lp, want_lp)
+    torch.testing.assert_close(ent, want_ent)
 
 
 def test_no_grad_path_and_errors() -> None:
-    logits = torch.zeros(2, 3, 4)
+    logits = torch.zeros(6, 4)
     with torch.no_grad():
-        torch.testing.assert_close(
-            token_logprobs(logits, torch.zeros(2, 3, dtype=torch.long)), torch.full((2, 3), math.log(0.25))
-        )
+        lp, ent = token_stats(logits, torch.zeros(6, dtype=torch.long))
+    torch.testing.assert_close(lp, torch.full((6,), math.log(0.25)))
+    assert ent is None
     with pytest.raises(ValueError, match="ids"):
-        token_logprobs(logits, torch.zeros(2, 4, dtype=torch.long))
+        token_stats(logits, torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match=r"torch\.long"):
-        token_logprobs(logits, torch.zeros(2, 3, dtype=torch.int32))
+        token_stats(logits, torch.zeros(6, dtype=torch.int32))
     with pytest.raises(ValueError, match="chunk_rows"):
-        token_entropy(logits, chunk_rows=0)
+        token_stats(logits, torch.zeros(6, dtype=torch.long), chunk_rows=0)
 
 
 def test_masked_mean() -> None:
@@ -86,3 +95,60 @@ def test_masked_mean() -> None:
     torch.testing.assert_close(
         masked_mean(x, torch.tensor([[0, 0], [1, 1]]), dim=1), torch.tensor([0.0, 3.5])
     )
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _logprobs(model: LlamaForCausalLM, ids, attn, mask, temperature=1.0, with_entropy=False, chunk_rows=1024):
+    hidden = decoder_hidden(model, ids, attn)
+    return sampled_logprobs(hidden, ids, mask, lm_head(model), temperature, with_entropy, chunk_rows)
+
+
+def test_sampled_logprobs_match_full_log_softmax(model: LlamaForCausalLM) -> None:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (3, 12), generator=g)
+    attn = torch.ones_like(ids)
+    attn[2, 9:] = 0  # right padding
+    mask = torch.zeros(3, 12)
+    mask[0, 4:8] = 1
+    mask[1, 2:3] = 1
+    mask[1, 6:11] = 1
+    mask[2, 5:9] = 1
+    for temperature in (1.0, 0.7):
+        logp, ent = _logprobs(model, ids, attn, mask, temperature, with_entropy=True, chunk_rows=3)
+        logits = model(input_ids=ids, attention_mask=attn).logits / temperature
+        full = torch.log_softmax(logits[:, :-1], -1)
+        want = torch.zeros(3, 12)
+        want[:, 1:] = full.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        want_ent = torch.zeros(3, 12)
+        want_ent[:, 1:] = -(full.exp() * full).sum(-1)
+        assert torch.allclose(logp, want * mask, atol=1e-5)
+        assert torch.allclose(ent, want_ent * mask, atol=1e-5)
+
+
+def test_sampled_logprobs_gradient_matches_naive(model: LlamaForCausalLM) -> None:
+    ids = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(2))
+    attn = torch.ones_like(ids)
+    mask = torch.zeros(2, 10)
+    mask[:, 5:] = 1
+    model.zero_grad()
+    logp, _ = _logprobs(model, ids, attn, mask, chunk_rows=2)
+    logp.sum().backward()
+    ours = model.model.layers[0].mlp.up_proj.weight.grad.clone()
+    model.zero_grad()
+    full = torch.log_softmax(model(input_ids=ids).logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    (full * mask[:, 1:]).sum().backward()
+    assert torch.allclose(ours, model.model.layers[0].mlp.up_proj.weight.grad, atol=1e-5)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ragen2.agent.episode import Episode, Turn
-from ragen2.data.batch import collate_episodes, returns_by_group
+from ragen2.data.batch import by_group, collate_episodes
 
 
 def _turn(prompt: list[int], sampled: list[int], reward: float, penalty: float = 0.0) -> Turn:
@@ -69,9 +69,9 @@ def test_kept_rows_follow_group_mask() -> None:
     assert batch.kept_rows.tolist() == [1]
 
 
-def test_returns_by_group_requires_equal_groups() -> None:
+def test_by_group_requires_equal_groups() -> None:
     g = torch.tensor([1, 0, 1, 0])
     r = torch.tensor([10.0, 1.0, 20.0, 2.0])
-    assert returns_by_group(r, g, 2).tolist() == [[1.0, 2.0], [10.0, 20.0]]
+    assert by_group(r, g, 2).tolist() == [[1.0, 2.0], [10.0, 20.0]]
     with pytest.raises(ValueError, match="unequal"):
-        returns_by_group(r[:3], g[:3], 2)
+        by_group(r[:3], g[:3], 2)

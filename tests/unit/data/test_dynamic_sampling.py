@@ -14,7 +14,7 @@ import torch
 
 from ragen2.agent.episode import Episode
 from ragen2.data import DynamicSampling, GroupFilter, RolloutBatch, RolloutDataModule, collate_episodes
-from ragen2.data.batch import returns_by_group
+from ragen2.data.batch import by_group
 from ragen2.data.sampling import regroup
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
 
@@ -23,15 +23,21 @@ NOT_SURE = "I am not sure what to do here"  # never closes </think>: −0.1 on e
 TENSORS = ("input_ids", "attention_mask", "loss_mask", "turn_index", "token_rewards", "turn_rewards")
 
 
-def _dm(responses: Sequence[str] = DEFAULT_RESPONSES, **kw: Any) -> RolloutDataModule:
+def _dm(
+    responses: Sequence[str] = DEFAULT_RESPONSES, save_jsonl: bool = False, **kw: Any
+) -> RolloutDataModule:
+    sampler = functools.partial(ScriptedSampler, responses=list(responses))
     return RolloutDataModule(
         env=ENV,
+        rollout={
+            "sampler": sampler,
+            "groups": 4,
+            "group_size": 4,
+            "max_new_tokens": 32,
+            "save_jsonl": save_jsonl,
+        },
         tokenizer="tiny",
-        sampler=functools.partial(ScriptedSampler, responses=list(responses)),
         filter=kw.pop("filter", GroupFilter(strategy="none")),
-        groups=4,
-        group_size=4,
-        max_new_tokens=32,
         **kw,
     )
 
@@ -87,7 +93,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups() -> None:
     seeds = [{e.seed for e in batch.episodes if e.group == g} for g in range(4)]
     assert all(len(s) == 1 for s in seeds) and len(set.union(*seeds)) == 4
     # no all-equal group reaches the kept rows
-    per_group = returns_by_group(batch.returns, batch.group_index, 4)[batch.keep]
+    per_group = by_group(batch.returns, batch.group_index, 4)[batch.keep]
     assert ((per_group.max(1).values - per_group.min(1).values) > 1e-6).all()
 
 
@@ -101,7 +107,7 @@ def test_a_short_batch_trains_on_the_groups_found_and_logs_the_shortfall() -> No
     # a smaller batch, densely indexed, every group trainable and informative
     assert batch.num_groups == found and batch.keep.all()
     assert torch.bincount(batch.group_index).tolist() == [4] * found
-    per_group = returns_by_group(batch.returns, batch.group_index, found)
+    per_group = by_group(batch.returns, batch.group_index, found)
     assert ((per_group.max(1).values - per_group.min(1).values) > 1e-6).all()
 
 
@@ -158,9 +164,9 @@ def test_seeds_are_distinct_across_rounds_iterations_and_ranks(monkeypatch: pyte
 
 
 def test_dynamic_sampling_validates_max_rounds() -> None:
-    with pytest.raises(ValueError, match=r"data\.sampling\.max_rounds=0 .*Fix"):
+    with pytest.raises(ValueError, match=r"algo\.sampling\.max_rounds=0 .*Fix"):
         DynamicSampling(max_rounds=0)
-    with pytest.raises(ValueError, match=r"data\.sampling\.max_rounds"):
+    with pytest.raises(ValueError, match=r"algo\.sampling\.max_rounds"):
         _dm(sampling={"max_rounds": -1})
     assert _dm(sampling={"max_rounds": 2}).sampling == DynamicSampling(max_rounds=2)
 

@@ -137,11 +137,11 @@ def test_shaping_metrics_are_fractions_of_turns() -> None:
 
 
 def test_shaping_validates_its_knobs() -> None:
-    with pytest.raises(ValueError, match=r"data\.shaping\.cache_len=-1"):
+    with pytest.raises(ValueError, match=r"algo\.shaping\.cache_len=-1"):
         OverlongShaping(cache_len=-1)
-    with pytest.raises(ValueError, match=r"data\.shaping\.cache_len=9 exceeds data\.shaping\.max_len=8"):
+    with pytest.raises(ValueError, match=r"algo\.shaping\.cache_len=9 exceeds algo\.shaping\.max_len=8"):
         OverlongShaping(cache_len=9, max_len=8)
-    with pytest.raises(ValueError, match=r"data\.shaping\.penalty"):
+    with pytest.raises(ValueError, match=r"algo\.shaping\.penalty"):
         OverlongShaping(cache_len=1, penalty=-1.0)
     with pytest.raises(ValueError, match=r"rollout\.max_new_tokens=8"):
         OverlongShaping(cache_len=9).resolve(8)
@@ -156,14 +156,12 @@ LONG = "hmm " * 40  # cut at max_new_tokens = 24: finish "length", L = max_len â
 
 
 def _dm(responses: list[str], **kw: Any) -> RolloutDataModule:
+    sampler = functools.partial(ScriptedSampler, responses=responses)
     return RolloutDataModule(
         env=ENV,
+        rollout={"sampler": sampler, "groups": 4, "group_size": 4, "max_new_tokens": 24},
         tokenizer="tiny",
-        sampler=functools.partial(ScriptedSampler, responses=responses),
         filter=GroupFilter(strategy="none"),
-        groups=4,
-        group_size=4,
-        max_new_tokens=24,
         **kw,
     )
 

@@ -75,6 +75,9 @@ def test_perfect_retrieval() -> None:
     out = mi_metrics(logp, torch.arange(n), torch.ones(n))
     assert out["retrieval_acc"] == out["retrieval_acc@2"] == 1.0
     assert out["retrieval_above_chance"] == pytest.approx(1 - 1 / 4)
+    # C = 4: chance@2 = 2/4, chance@4 = chance@8 = 1; perfect retrieval is 1/2 above chance at k = 2
+    assert [out[f"retrieval_chance@{k}"] for k in (2, 4, 8)] == [0.5, 1.0, 1.0]
+    assert [out[f"retrieval_above_chance@{k}"] for k in (2, 4, 8)] == [0.5, 0.0, 0.0]
     # marginal = ln((.7 + 3·.1)/4) = ln .25 for every row: MI = ln(.7/.25) = ln 2.8, σ = 0.
     assert out["mi_est"] == pytest.approx(ln(2.8), abs=1e-6)
     assert out["marginal_std"] == pytest.approx(0.0, abs=1e-6)
@@ -92,6 +95,11 @@ def test_uniform_rows_are_input_blind() -> None:
     assert out["retrieval_acc"] == out["retrieval_acc@2"] == 0.0
     assert out["retrieval_acc@4"] == out["retrieval_acc@8"] == 1.0
     assert out["retrieval_above_chance"] == pytest.approx(-1 / 3)
+    # chance@k = min(k, C)/C with C = 3: 2/3 at k = 2, 1 at k = 4 and 8 (every column is in the top k)
+    assert out["retrieval_chance@2"] == pytest.approx(2 / 3)
+    assert out["retrieval_chance@4"] == out["retrieval_chance@8"] == 1.0
+    assert out["retrieval_above_chance@2"] == pytest.approx(0 - 2 / 3)
+    assert out["retrieval_above_chance@4"] == out["retrieval_above_chance@8"] == 0.0
     # per-token rows are all −1: σ = 0; per sequence [−2, −5, −1]: mean −8/3, σ² = (4+49+25)/27.
     assert out["marginal_std"] == pytest.approx(0.0, abs=1e-12)
     assert out["marginal_std_seq"] == pytest.approx(math.sqrt(78 / 27), abs=1e-12)

@@ -12,9 +12,9 @@ from ragen2.config import compose
     [
         ([], False),
         (["algo.kl_coef=0.01"], True),
-        (["+algo/kl_reward=fixed"], True),
+        (["algo/kl_reward=fixed"], True),
         (["algo=ppo"], False),
-        (["algo=ppo", "+algo/kl_reward=adaptive"], True),
+        (["algo=ppo", "algo/kl_reward=adaptive"], True),
     ],
 )
 def test_reference_model_only_with_kl(overrides: list[str], has_ref: bool, tmp_path) -> None:

@@ -1,0 +1,145 @@
+"""``env.*``, ``rollout.*`` and ``val.*`` as validated objects, and the episode runner they describe.
+
+The DataModule (training and validation rollouts) and ``ragen2-eval`` build their runners from the same
+objects, so an episode is rolled out the same way wherever it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ragen2_envs
+
+from ragen2.agent.runner import AgentConfig, EpisodeRunner
+from ragen2.config import ConfigError
+from ragen2.rollout.base import Sampler, SamplingParams
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """``env.*``: the environment, its constructor's knobs and the agent's limits on it."""
+
+    id: str
+    """A registered ragen2 environment id (``ragen2_envs.ENV_IDS``), e.g. ragen2/Sokoban-v0."""
+    max_turns: int = 5
+    """Turns per episode: the env's own limit, capped by ``max_turns_cap`` (conf/env/*.yaml)."""
+    max_actions_per_turn: int = 2
+    """Actions the agent may chain in one turn with ``||``."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The env constructor's keyword arguments."""
+
+    def __post_init__(self) -> None:
+        if self.id not in ragen2_envs.ENV_IDS:
+            raise ConfigError(
+                f"env.id={self.id!r} is not a ragen2 environment. Fix: env=<name> (conf/env/), or an id of "
+                f"{', '.join(sorted(ragen2_envs.ENV_IDS))}"
+            )
+        for key in ("max_turns", "max_actions_per_turn"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"env.{key}={getattr(self, key)} must be ≥ 1. Fix: env.{key}=1 or more")
+        object.__setattr__(self, "kwargs", dict(self.kwargs or {}))
+
+    def make(self) -> ragen2_envs.TextEnv:
+        """A fresh instance of the environment."""
+        return ragen2_envs.make(self.id, **self.kwargs)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """``rollout.*``: how an iteration's episodes are sampled."""
+
+    sampler: Callable[[Any], Sampler]
+    """The backend, built from the tokenizer: conf/rollout/<name>.yaml's ``sampler`` (a ``_partial_``)."""
+    groups: int = 4
+    """Distinct instances (prompts) per iteration."""
+    group_size: int = 4
+    """Rollouts per instance (K ≥ 2: group advantages and reward variance need two)."""
+    max_new_tokens: int = 48
+    """Sampled tokens per turn."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy); the update scores log-probs at the same temperature."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 = off."""
+    max_context: int = 4096
+    """Prompt + response tokens the model may hold; an episode that would exceed it ends as truncated."""
+    format_penalty: float = -0.1
+    """Added once to a turn with a bad format or an invalid action (≤ 0)."""
+    save_jsonl: bool = False
+    """Every episode (ids, text, rewards, group, seed) to <run>/rollouts.rank<r>.jsonl."""
+
+    def __post_init__(self) -> None:
+        if self.groups < 1:
+            raise ConfigError(f"rollout.groups={self.groups} must be ≥ 1. Fix: rollout.groups=4")
+        if self.group_size < 2:
+            raise ConfigError(
+                f"rollout.group_size={self.group_size}: group-relative advantages and the reward-variance "
+                "filter need at least 2 rollouts per group. Fix: rollout.group_size=4 (or more)."
+            )
+        if self.top_k < 0:
+            raise ConfigError(f"rollout.top_k={self.top_k} must be ≥ 0. Fix: rollout.top_k=0 (off)")
+        if self.format_penalty > 0:
+            raise ConfigError(
+                f"rollout.format_penalty={self.format_penalty} must be ≤ 0: it is added to bad turns. "
+                "Fix: rollout.format_penalty=-0.1"
+            )
+        params = self.params()  # checks max_new_tokens, temperature, top_p
+        if self.max_context <= params.max_new_tokens:
+            raise ConfigError(
+                f"rollout.max_context={self.max_context} leaves no room for a prompt next to "
+                f"rollout.max_new_tokens={self.max_new_tokens}. Fix: raise rollout.max_context."
+            )
+
+    def params(self) -> SamplingParams:
+        try:
+            return SamplingParams(
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+            )
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+
+    def runner(self, env: EnvConfig, tokenizer: Any) -> EpisodeRunner:
+        """The episode runner for ``env`` with these sampling settings."""
+        agent = AgentConfig(
+            max_turns=env.max_turns,
+            max_actions_per_turn=env.max_actions_per_turn,
+            format_penalty=self.format_penalty,
+            max_context=self.max_context,
+        )
+        return EpisodeRunner(env.make, tokenizer, agent, self.params(), env_id=env.id)
+
+    def saved(self) -> dict[str, Any]:
+        """Every setting but the backend, as plain values (what a checkpoint records)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampler"}
+
+
+@dataclass(frozen=True)
+class ValConfig:
+    """``val.*``: held-out evaluation during training (greedy success, sampled pass@k)."""
+
+    every_n_iterations: int = 0
+    """0 = no validation."""
+    num_seeds: int = 8
+    """Held-out instances (disjoint from every training seed)."""
+    samples: int = 4
+    """Sampled rollouts per instance, for pass@k."""
+    k: int = 4
+
+    def __post_init__(self) -> None:
+        for key in ("every_n_iterations", "samples"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"val.{key}={getattr(self, key)} must be ≥ 0. Fix: val.{key}=0 (none)")
+        if self.num_seeds < 1 or self.k < 1:
+            raise ConfigError(
+                f"val.num_seeds={self.num_seeds} and val.k={self.k} must both be ≥ 1. Fix: e.g. val.num_seeds=8 val.k=4"
+            )
+        if self.every_n_iterations and self.k > self.samples:
+            raise ConfigError(
+                f"val.k={self.k} exceeds val.samples={self.samples}; pass@k needs samples ≥ k. Fix: val.samples={self.k}"
+            )

@@ -1,0 +1,79 @@
+"""What a resumed run needs besides weights, optimizer and callbacks: the checkpoint's ``ragen2`` entry.
+
+``RunState`` holds the empty-batch streak and the KL-in-reward coefficient, and captures the process's
+RNG states (torch, numpy, python) when saved. Everything in it is a plain tensor, number or tuple:
+Lightning loads checkpoints with ``torch.load(weights_only=True)``.
+
+Layouts: a checkpoint written before ``layout`` existed (layout 1) kept the MI metric's EMA in the
+module's state dict (``mi_first_turn._extra_state``); since layout 2 it is the ``MIDiagnostics``
+callback's state. ``migrate`` rewrites a layout-1 checkpoint in place, as it loads.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ragen2.algos.kl import AdaptiveKLController, FixedKLController
+
+KEY = "ragen2"
+LAYOUT = 2
+_LEGACY_MI = "mi_first_turn._extra_state"
+_MI_CALLBACK = "MIDiagnostics"  # the callback's Lightning state key (its class name)
+
+
+def rng_state() -> dict[str, Any]:
+    """The process's torch, numpy and python RNG states, in weights-only-loadable types."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate(state["python"])
+
+
+@dataclass
+class RunState:
+    """The counters and coefficients an iteration changes, saved and restored with the checkpoint."""
+
+    empty_streak: int = 0  # consecutive iterations whose filter kept no group
+    kl_controller: FixedKLController | AdaptiveKLController | None = None  # KL in the reward's β
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "layout": LAYOUT,
+            "empty_streak": self.empty_streak,
+            "kl_reward_coef": None if self.kl_controller is None else self.kl_controller.value,
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.empty_streak = int(state.get("empty_streak", 0))
+        if self.kl_controller is not None and state.get("kl_reward_coef") is not None:
+            self.kl_controller.value = float(state["kl_reward_coef"])
+        if state.get("rng") is not None:
+            set_rng_state(state["rng"])
+
+
+def migrate(checkpoint: dict[str, Any]) -> list[str]:
+    """Bring a checkpoint of an older layout to ``LAYOUT``, in place; returns what moved."""
+    state = checkpoint.setdefault(KEY, {})
+    moved = []
+    if state.get("layout", 1) < 2:
+        weights = checkpoint.get("state_dict", {})
+        if _LEGACY_MI in weights:
+            checkpoint.setdefault("callbacks", {})[_MI_CALLBACK] = {"first_turn": weights.pop(_LEGACY_MI)}
+            moved.append(f"state_dict[{_LEGACY_MI!r}] -> callbacks[{_MI_CALLBACK!r}]['first_turn']")
+        state["layout"] = 2
+    return moved
