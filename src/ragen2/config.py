@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -75,6 +76,15 @@ def check_overrides(overrides: Iterable[str]) -> None:
         moved = _moved(key) or _moved(key, REDIRECTED)
         if moved is not None:
             raise ConfigError(f"{override!r}: {moved}")
+
+
+def command_line(prog: str, hydra_main: Callable[[], None]) -> None:
+    """An entry point: refuse moved keys on the command line with a one-line error, then run Hydra."""
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        sys.exit(f"{prog}: {err}")
+    hydra_main()
 
 
 def settings(cls: type[T], node: Mapping[str, Any] | T | None, key: str) -> T:
@@ -143,16 +153,20 @@ def validate(cfg: DictConfig) -> None:
 
 
 def with_saved_settings(
-    cfg: DictConfig, saved: Mapping[str, Mapping[str, Any]], overrides: Sequence[str]
+    cfg: DictConfig,
+    saved: Mapping[str, Mapping[str, Any]],
+    overrides: Sequence[str],
+    replaced_by_choice: Iterable[str] = ("env", "model"),
 ) -> DictConfig:
     """``cfg`` with the settings a checkpoint saved (``saved``: node -> values, e.g. the run's env, model and
-    rollout) in place of its own, except what the command line sets: a group it chose (``env=sokoban``)
-    keeps the composed node, a key it set (``env.max_turns=5``) keeps the composed value. Keys the saved
-    node lacks (the rollout's sampler) stay as composed."""
+    rollout) in place of its own, except what the command line sets. A key it sets (``env.max_turns=5``)
+    keeps the composed value; a group it chooses among ``replaced_by_choice`` (``env=sokoban``) keeps the
+    whole composed node. Keys a saved node lacks stay as composed: the rollout's sampler, so
+    ``rollout=<backend>`` picks the backend and the run's sampling values stay."""
     cfg = cfg.copy()
     keys = [o.split("=", 1)[0].lstrip("~+") for o in overrides]
     for node, values in saved.items():
-        if node in keys or node not in cfg:
+        if node not in cfg or (node in keys and node in replaced_by_choice):
             continue
         merged = cfg[node].copy()
         for key, value in values.items():

@@ -14,13 +14,12 @@ from ragen2._env import set_defaults
 
 set_defaults()
 
-import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import CONF_DIR, ConfigError, check_overrides  # noqa: E402
+from ragen2.config import CONF_DIR, command_line  # noqa: E402
 from ragen2.log import log  # noqa: E402
 
 
@@ -69,11 +68,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    try:
-        check_overrides(sys.argv[1:])
-    except ConfigError as err:
-        sys.exit(f"ragen2-eval: {err}")
-    _main()
+    command_line("ragen2-eval", _main)
 
 
 if __name__ == "__main__":

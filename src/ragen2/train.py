@@ -6,19 +6,18 @@ from ragen2._env import set_defaults
 
 set_defaults()
 
-import sys  # noqa: E402
-
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from ragen2.config import CONF_DIR, ConfigError, build, check_batch, check_overrides, validate  # noqa: E402
-from ragen2.log import log  # noqa: E402
+from ragen2.config import CONF_DIR, build, check_batch, command_line, validate  # noqa: E402
+from ragen2.log import log, quiet_lightning  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train with a composed config; returns the last iteration's metrics."""
     import lightning as L
 
+    quiet_lightning()
     validate(cfg)  # before anything is built; then each object checks its own node, and check_batch both
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data)
@@ -40,11 +39,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    try:
-        check_overrides(sys.argv[1:])
-    except ConfigError as err:
-        sys.exit(f"ragen2-train: {err}")
-    _main()
+    command_line("ragen2-train", _main)
 
 
 if __name__ == "__main__":

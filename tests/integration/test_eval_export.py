@@ -54,3 +54,35 @@ def test_load_policy_rejects_a_mismatched_base(train, tmp_path: Path) -> None:
     torch.save({"state_dict": {"other.weight": torch.zeros(1)}}, bogus)
     with pytest.raises(ValueError, match="no 'policy"):
         load_policy("tiny", str(bogus))
+
+
+def test_eval_of_a_checkpoint_uses_the_runs_own_settings(train, tmp_path: Path) -> None:
+    from ragen2.eval import run
+
+    # a Bandit run (the env's own single turn) with a short token limit and a low temperature
+    _, cfg = train(["iterations=1", "env=bandit", "rollout.max_new_tokens=24", "rollout.temperature=0.7"])
+    ckpt = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
+
+    def evaluate(*overrides: str) -> dict:
+        out = tmp_path / f"eval{len(overrides)}.json"
+        args = [
+            f"checkpoint={ckpt}",
+            "rollout=scripted",
+            "num_seeds=2",
+            "samples=2",
+            "ks=[1,2]",
+            f"output={out}",
+            *overrides,
+        ]
+        eval_cfg = compose(args, config_name="eval")  # eval.yaml's defaults: Sokoban, the built-in model
+        run(eval_cfg, overrides=args)
+        return json.loads(out.read_text())
+
+    own = evaluate()
+    assert (own["env"], own["max_turns"], own["model"]) == ("ragen2/Bandit-v0", 1, "tiny")
+    assert own["greedy/turns"] == 1.0  # one turn, as trained (not Sokoban's 5, not the CPU cap of 3)
+    assert own["greedy/response_length"] <= 24
+    # the command line still wins: another env (its own turn limit), or one key of the run's env
+    sokoban = evaluate("env=sokoban")
+    assert (sokoban["env"], sokoban["max_turns"]) == ("ragen2/Sokoban-v0", 5)
+    assert evaluate("env.max_turns=2")["max_turns"] == 2

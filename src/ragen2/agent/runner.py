@@ -18,6 +18,7 @@ from ragen2.agent.episode import Episode, Turn
 from ragen2.agent.parsing import ACTION_SEP, parse_turn
 from ragen2.agent.reasoning import reasoning_ids
 from ragen2.agent.render import ChatRenderer
+from ragen2.progress import bar
 from ragen2.rollout.base import PromptMeta, Sampler, SamplingParams
 
 FORMAT_RULE = (
@@ -89,11 +90,13 @@ class EpisodeRunner:
         group_size: int,
         sample_seed: int,
         params: SamplingParams | None = None,
+        desc: str = "rollout",
     ) -> list[Episode]:
         """Roll out ``group_size`` episodes for each instance seed; ``sample_seed`` seeds the sampler.
 
         ``params`` replaces the runner's sampling parameters for this collection (e.g. greedy
-        evaluation); the prompts state the runner's own token limit either way.
+        evaluation); the prompts state the runner's own token limit either way. ``desc`` names the
+        progress bar (interactive terminals only).
         """
         params = params or self.params
         envs, episodes, prompts, observations = [], [], [], []
@@ -123,39 +126,46 @@ class EpisodeRunner:
                 observations.append(obs)
         actions_used = [0] * len(episodes)
         active = list(range(len(episodes)))
-        for turn in range(1, self.cfg.max_turns + 1):
-            meta = None
-            if sampler.needs_oracle:
-                meta = [PromptMeta(oracle=self._oracle_plan(envs[i][0])) for i in active]
-            samples = sampler.generate([prompts[i] for i in active], params, sample_seed * 1009 + turn, meta)
-            still_active = []
-            for i, sample in zip(active, samples, strict=True):
-                env, renderer = envs[i]
-                ep = episodes[i]
-                t = self._apply(env, prompts[i], observations[i], sample)
-                ep.turns.append(t)
-                actions_used[i] += len(t.actions)
-                done = any(info.get("_terminated") or info.get("_truncated") for info in t.infos)
-                ep.success = ep.success or any(bool(info.get("success")) for info in t.infos)
-                if done:
-                    ep.terminated = any(info.get("_terminated") for info in t.infos)
-                    ep.truncated = not ep.terminated
-                    ep.end_reason = "terminated" if ep.terminated else "env_truncated"
-                    continue
-                if turn == self.cfg.max_turns:
-                    ep.truncated, ep.end_reason = True, "max_turns"
-                    continue
-                obs = env.render_state()
-                left = max(0, self.cfg.max_turns * self.cfg.max_actions_per_turn - actions_used[i])
-                nxt = renderer.next_prompt(prompts[i], sample.ids, self._user(env, turn + 1, obs, left))
-                if len(nxt) + self.params.max_new_tokens > self.cfg.max_context:
-                    ep.truncated, ep.end_reason = True, "context"
-                    continue
-                prompts[i], observations[i] = nxt, obs
-                still_active.append(i)
-            active = still_active
-            if not active:
-                break
+        with bar(self.cfg.max_turns, desc, "turn") as progress:
+            for turn in range(1, self.cfg.max_turns + 1):
+                meta = None
+                if sampler.needs_oracle:
+                    meta = [PromptMeta(oracle=self._oracle_plan(envs[i][0])) for i in active]
+                samples = sampler.generate(
+                    [prompts[i] for i in active], params, sample_seed * 1009 + turn, meta
+                )
+                still_active = []
+                for i, sample in zip(active, samples, strict=True):
+                    env, renderer = envs[i]
+                    ep = episodes[i]
+                    t = self._apply(env, prompts[i], observations[i], sample)
+                    ep.turns.append(t)
+                    actions_used[i] += len(t.actions)
+                    done = any(info.get("_terminated") or info.get("_truncated") for info in t.infos)
+                    ep.success = ep.success or any(bool(info.get("success")) for info in t.infos)
+                    if done:
+                        ep.terminated = any(info.get("_terminated") for info in t.infos)
+                        ep.truncated = not ep.terminated
+                        ep.end_reason = "terminated" if ep.terminated else "env_truncated"
+                        continue
+                    if turn == self.cfg.max_turns:
+                        ep.truncated, ep.end_reason = True, "max_turns"
+                        continue
+                    obs = env.render_state()
+                    left = max(0, self.cfg.max_turns * self.cfg.max_actions_per_turn - actions_used[i])
+                    nxt = renderer.next_prompt(prompts[i], sample.ids, self._user(env, turn + 1, obs, left))
+                    if len(nxt) + self.params.max_new_tokens > self.cfg.max_context:
+                        ep.truncated, ep.end_reason = True, "context"
+                        continue
+                    prompts[i], observations[i] = nxt, obs
+                    still_active.append(i)
+                active = still_active
+                progress.set_postfix_str(
+                    f"{len(episodes) - len(active)}/{len(episodes)} episodes done", False
+                )
+                progress.update()
+                if not active:
+                    break
         return episodes
 
     def _oracle_plan(self, env: Any) -> str | None:

@@ -54,10 +54,12 @@ def evaluate(
     """``greedy/*``, ``sampled/*`` rollout metrics, ``pass@k`` (n = ``samples``) and ``oracle/success``."""
     out: dict[str, float] = {"instances": float(len(seeds))}
     greedy_params = replace(runner.params, temperature=0.0)
-    greedy = runner.collect(sampler, seeds, 1, sample_seed=sample_seed, params=greedy_params)
+    greedy = runner.collect(
+        sampler, seeds, 1, sample_seed=sample_seed, params=greedy_params, desc="eval greedy"
+    )
     out.update({f"greedy/{k}": v for k, v in rollout_metrics(greedy).items()})
     if samples > 0:
-        sampled = runner.collect(sampler, seeds, samples, sample_seed=sample_seed + 1)
+        sampled = runner.collect(sampler, seeds, samples, sample_seed=sample_seed + 1, desc="eval sampled")
         out.update({f"sampled/{k}": v for k, v in rollout_metrics(sampled).items()})
         by_seed = [[ep.success for ep in sampled if ep.group == g] for g in range(len(seeds))]
         for k in ks:
@@ -65,7 +67,7 @@ def evaluate(
                 out[f"pass@{k}"] = pass_at_k(by_seed, k)
     if oracle:
         solver = ScriptedSampler(runner.tokenizer, [ORACLE_RESPONSE])
-        solved = runner.collect(solver, seeds, 1, sample_seed=0, params=greedy_params)
+        solved = runner.collect(solver, seeds, 1, sample_seed=0, params=greedy_params, desc="eval solver")
         out["oracle/success"] = sum(ep.success for ep in solved) / len(solved)
     return out
 

@@ -26,6 +26,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from ragen2.models.kv import KV, as_cache, cache_len, extend, truncate
+from ragen2.progress import bar
 
 Row = tuple[tuple[int, ...], tuple[int, ...]]
 
@@ -178,6 +179,7 @@ def cross_score(
         with torch.no_grad():
             previous: tuple[int, ...] = ()
             kv: KV | None = None
+            progress = bar(len(prompts), "MI cross-scoring", "prompt")
             # In sorted order a context's longest common prefix with any earlier context is the one
             # it shares with its predecessor, so each prefix-tree node is encoded exactly once.
             for j in sorted(range(len(prompts)), key=lambda c: prompts[c][:-1]):
@@ -191,6 +193,8 @@ def cross_score(
                 column, cost = _score_column(model, kv, prompts[j][-1], reasonings, max_batch_tokens)
                 unique_scores[:, j] = column
                 processed += cost
+                progress.update()
+            progress.close()
     finally:
         model.train(was_training)
     return CrossScores(

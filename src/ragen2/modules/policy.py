@@ -52,6 +52,7 @@ from ragen2.modules.algo_config import AlgoConfig
 from ragen2.modules.critic import Critic
 from ragen2.modules.objectives import LossTerms
 from ragen2.modules.run_state import KEY, RunState, migrate
+from ragen2.progress import bar
 
 log = logging.getLogger("ragen2")
 
@@ -263,6 +264,7 @@ class PolicyModule(L.LightningModule):
         freeze_policy = self.critic is not None and not self.critic.trains_policy(iteration)
         sums: dict[str, float] = {}
         steps = 0
+        progress = bar(sum(len(m) for m in order), "update", "step")
         for minibatches in order:
             for mini in minibatches:
                 optimizer.zero_grad(set_to_none=True)
@@ -282,6 +284,9 @@ class PolicyModule(L.LightningModule):
                 optimizer.step()
                 scheduler.step()
                 steps += 1
+                progress.update()
+                progress.set_postfix_str(f"loss {sums.get('loss', 0.0) / steps:+.4f}")
+        progress.close()
         out = {f"train/{k}": v / max(steps, 1) for k, v in sums.items()}
         out["train/optimizer_steps"] = float(steps)
         for group, lr in zip(optimizer.optimizer.param_groups, scheduler.get_last_lr()):

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ragen2.models.kv import KV, as_cache, cache_layers, cache_len, extend
+from ragen2.progress import bar
 from ragen2.rollout.base import PromptMeta, Sample, SamplingParams
 
 
@@ -180,50 +181,53 @@ class HFSampler:
         # every token holds at least one byte of the text, so a stop string of B bytes spans ≤ B tokens
         window = max([self.stop_window, *(len(s.encode()) for s in params.stop)])
         step_input, step_pos = input_ids.to(device), positions.to(device)
-        for _ in range(params.max_new_tokens):
-            out = self.model(
-                input_ids=step_input,
-                attention_mask=attention,
-                position_ids=step_pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-            scaled = logits / params.temperature if params.temperature > 0 else logits
-            logp_all = torch.log_softmax(scaled, dim=-1)
-            if params.temperature > 0:
-                probs = _filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
-                token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
-            else:
-                token = logits.argmax(-1)
-            token_logp = logp_all.gather(-1, token[:, None]).squeeze(-1)
-            # entropy of the temperature-scaled distribution (before top-k/p); 0·log 0 counts as 0
-            probs_all = logp_all.exp()
-            entropy = -torch.where(probs_all > 0, probs_all * logp_all, 0.0).sum(-1)
-            for i in range(b):
-                if finish[i] is not None:
-                    continue
-                t = int(token[i])
-                ids[i].append(t)
-                logps[i].append(float(token_logp[i]))
-                entropies[i].append(float(entropy[i]))
-                if t in self.eos_ids:
-                    finish[i] = "eos"
-                elif params.stop:
-                    tail = self.tokenizer.decode(ids[i][-window:])
-                    if any(s in tail for s in params.stop):
-                        finish[i] = "stop"
-            if all(f is not None for f in finish):
-                break
-            # finished rows feed pad tokens that nothing attends to (mask 0), keeping their cache clean
-            active = torch.tensor([f is None for f in finish], dtype=torch.long, device=device)
-            step_input = torch.tensor(
-                [[ids[i][-1] if finish[i] is None else self.pad_id] for i in range(b)], device=device
-            )
-            attention = torch.cat([attention, active[:, None]], dim=-1)
-            step_pos = step_pos[:, -1:] + 1
+        with bar(params.max_new_tokens, "sampling", "token") as progress:
+            for _ in range(params.max_new_tokens):
+                progress.update()
+                progress.set_postfix_str(f"{sum(f is None for f in finish)}/{b} rows active")
+                out = self.model(
+                    input_ids=step_input,
+                    attention_mask=attention,
+                    position_ids=step_pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+                scaled = logits / params.temperature if params.temperature > 0 else logits
+                logp_all = torch.log_softmax(scaled, dim=-1)
+                if params.temperature > 0:
+                    probs = _filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
+                    token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
+                else:
+                    token = logits.argmax(-1)
+                token_logp = logp_all.gather(-1, token[:, None]).squeeze(-1)
+                # entropy of the temperature-scaled distribution (before top-k/p); 0·log 0 counts as 0
+                probs_all = logp_all.exp()
+                entropy = -torch.where(probs_all > 0, probs_all * logp_all, 0.0).sum(-1)
+                for i in range(b):
+                    if finish[i] is not None:
+                        continue
+                    t = int(token[i])
+                    ids[i].append(t)
+                    logps[i].append(float(token_logp[i]))
+                    entropies[i].append(float(entropy[i]))
+                    if t in self.eos_ids:
+                        finish[i] = "eos"
+                    elif params.stop:
+                        tail = self.tokenizer.decode(ids[i][-window:])
+                        if any(s in tail for s in params.stop):
+                            finish[i] = "stop"
+                if all(f is not None for f in finish):
+                    break
+                # finished rows feed pad tokens that nothing attends to (mask 0), keeping their cache clean
+                active = torch.tensor([f is None for f in finish], dtype=torch.long, device=device)
+                step_input = torch.tensor(
+                    [[ids[i][-1] if finish[i] is None else self.pad_id] for i in range(b)], device=device
+                )
+                attention = torch.cat([attention, active[:, None]], dim=-1)
+                step_pos = step_pos[:, -1:] + 1
         samples = [
             Sample(ids=ids[i], finish_reason=finish[i] or "length", logprobs=logps[i], entropies=entropies[i])
             for i in range(b)

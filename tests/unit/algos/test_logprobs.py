@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from ragen2.algos.logprobs import masked_mean, sampled_logprobs, token_stats
 from ragen2.models.forward import decoder_hidden, lm_head
@@ -97,19 +97,9 @@ def test_masked_mean() -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(cfg).eval()
+@pytest.fixture
+def model(small_llama: LlamaForCausalLM) -> LlamaForCausalLM:
+    return small_llama
 
 
 def _logprobs(model: LlamaForCausalLM, ids, attn, mask, temperature=1.0, with_entropy=False, chunk_rows=1024):

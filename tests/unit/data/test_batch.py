@@ -6,38 +6,22 @@ import math
 
 import pytest
 import torch
+from helpers import turn
 
-from ragen2.agent.episode import Episode, Turn
+from ragen2.agent.episode import Episode
 from ragen2.data.batch import by_group, collate_episodes
-
-
-def _turn(prompt: list[int], sampled: list[int], reward: float, penalty: float = 0.0) -> Turn:
-    return Turn(
-        prompt_ids=prompt,
-        sampled_ids=sampled,
-        sampler_logprobs=[-0.5] * len(sampled),
-        text="",
-        finish_reason="stop",
-        observation="",
-        format_ok=penalty == 0.0,
-        actions=["a"],
-        actions_valid=[True],
-        reward=reward,
-        penalty=penalty,
-        reasoning_ids=sampled[:1],
-    )
 
 
 def _episode(group: int) -> Episode:
     # turn 1: prompt [1 2 3], sampled [4 5]; then closer+user [6 7]; turn 2 sampled [8]
-    t1 = _turn([1, 2, 3], [4, 5], reward=1.0)
-    t2 = _turn([1, 2, 3, 4, 5, 6, 7], [8], reward=0.5, penalty=-0.1)
+    t1 = turn([1, 2, 3], [4, 5], reward=1.0)
+    t2 = turn([1, 2, 3, 4, 5, 6, 7], [8], reward=0.5, penalty=-0.1)
     return Episode(env_id="x", seed=group, group=group, sample=0, system_prompt="", turns=[t1, t2])
 
 
 def test_collate_masks_rewards_and_padding() -> None:
     short = Episode(
-        env_id="x", seed=1, group=1, sample=0, system_prompt="", turns=[_turn([1, 2], [9], reward=2.0)]
+        env_id="x", seed=1, group=1, sample=0, system_prompt="", turns=[turn([1, 2], [9], reward=2.0)]
     )
     batch = collate_episodes([_episode(0), short], num_groups=2, pad_id=0)
     assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 9, 0, 0, 0, 0, 0]]
@@ -55,7 +39,7 @@ def test_collate_masks_rewards_and_padding() -> None:
 
 def test_select_trims_to_longest_row() -> None:
     short = Episode(
-        env_id="x", seed=1, group=1, sample=0, system_prompt="", turns=[_turn([1, 2], [9], reward=2.0)]
+        env_id="x", seed=1, group=1, sample=0, system_prompt="", turns=[turn([1, 2], [9], reward=2.0)]
     )
     batch = collate_episodes([_episode(0), short], num_groups=2, pad_id=0)
     sub = batch.select(torch.tensor([1]))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import turn as make_turn
 
 from ragen2.agent.episode import Episode, Turn
 from ragen2.algos.advantages import bilevel_gae, reinforce_pp
@@ -24,20 +25,7 @@ ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}
 
 
 def _turn(prompt_len: int, n: int, reward: float, penalty: float = 0.0, finish: str = "stop") -> Turn:
-    return Turn(
-        prompt_ids=list(range(1, prompt_len + 1)),
-        sampled_ids=[7] * n,
-        sampler_logprobs=None,
-        text="",
-        finish_reason=finish,
-        observation="",
-        format_ok=penalty == 0.0,
-        actions=[],
-        actions_valid=[],
-        reward=reward,
-        penalty=penalty,
-        reasoning_ids=None,
-    )
+    return make_turn(range(1, prompt_len + 1), [7] * n, reward, penalty, finish_reason=finish)
 
 
 def _episodes() -> list[Episode]:

@@ -5,25 +5,16 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from ragen2.agent.reasoning import reasoning_ids as extract_reasoning
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score, naive_cross_score
 from ragen2.diagnostics.mi import mi_metrics
 
 
-@pytest.fixture(scope="module")
-def model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        num_hidden_layers=2,
-    )
-    return LlamaForCausalLM(config).eval()
+@pytest.fixture
+def model(small_llama: LlamaForCausalLM) -> LlamaForCausalLM:
+    return small_llama
 
 
 SYSTEM = list(range(10, 40))  # a 30-token prefix shared by the first three prompts

@@ -6,8 +6,9 @@ import functools
 
 import pytest
 import torch
+from helpers import turn
 
-from ragen2.agent.episode import Episode, Turn
+from ragen2.agent.episode import Episode
 from ragen2.algos.advantages import grpo, reinforce_pp
 from ragen2.algos.kl import AdaptiveKLController, FixedKLController
 from ragen2.algos.losses import clipped_surrogate, gspo_surrogate
@@ -25,26 +26,9 @@ from ragen2.modules.estimators import turn_ends
 RESPONSE = [3, 4, 7, 8]  # the sampled positions of the episode below
 
 
-def _turn(prompt: list[int], sampled: list[int], reward: float) -> Turn:
-    return Turn(
-        prompt_ids=prompt,
-        sampled_ids=sampled,
-        sampler_logprobs=None,
-        text="",
-        finish_reason="stop",
-        observation="",
-        format_ok=True,
-        actions=["a"],
-        actions_valid=[True],
-        reward=reward,
-        penalty=0.0,
-        reasoning_ids=None,
-    )
-
-
 def _batch() -> RolloutBatch:
     # turn 1 samples positions 3, 4 (reward 0.5); env tokens 5, 6; turn 2 samples 7, 8 (reward 1.0)
-    turns = [_turn([1, 2, 3], [4, 5], 0.5), _turn([1, 2, 3, 4, 5, 6, 7], [8, 9], 1.0)]
+    turns = [turn([1, 2, 3], [4, 5], 0.5), turn([1, 2, 3, 4, 5, 6, 7], [8, 9], 1.0)]
     ep = Episode(env_id="x", seed=0, group=0, sample=0, system_prompt="", turns=turns)
     return collate_episodes([ep], num_groups=1, pad_id=0)
 
