@@ -64,3 +64,16 @@ def test_eval_config_composes() -> None:
     cfg = compose(["env=frozenlake"], config_name="eval")
     assert cfg.env.id == "ragen2/FrozenLake-v0" and cfg.num_seeds > 0
     assert cfg.env.max_turns == 5  # evaluation without a checkpoint: the env's own turn limit
+
+
+@pytest.mark.parametrize("override", ["algo=_common", "algo=base", "rollout=base"])
+def test_shared_bases_are_not_choices(override: str) -> None:
+    from hydra.errors import HydraException
+
+    with pytest.raises(HydraException, match="Could not find"):
+        compose([override])
+
+
+def test_the_clipped_surrogate_is_written_once() -> None:
+    files = [p for p in CONF_DIR.rglob("*.yaml") if "clipped_surrogate" in p.read_text()]
+    assert files == [CONF_DIR / "algo" / "policy_loss" / "clipped.yaml"]

@@ -17,10 +17,12 @@ log = logging.getLogger("ragen2")
 log.setLevel(logging.INFO)
 
 # expected here, not actionable: a one-batch IterableDataset with __len__ (one RL iteration per epoch),
-# the frozen reference model in eval mode, and a deprecation inside Lightning itself
+# the frozen reference model in eval mode, a resumed run writing last.ckpt into its own folder (no top-k
+# state to carry over), and a deprecation inside Lightning itself
 EXPECTED_WARNINGS = (
     r"Your `IterableDataset` has `__len__` defined",
     r"Found \d+ module\(s\) in eval mode at the start of training",
+    r"The dirpath has changed from",
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
 

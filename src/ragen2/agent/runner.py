@@ -160,10 +160,8 @@ class EpisodeRunner:
                     prompts[i], observations[i] = nxt, obs
                     still_active.append(i)
                 active = still_active
-                progress.set_postfix_str(
-                    f"{len(episodes) - len(active)}/{len(episodes)} episodes done", False
-                )
                 progress.update()
+                progress.set_postfix_str(f"{len(episodes) - len(active)}/{len(episodes)} episodes done")
                 if not active:
                     break
         return episodes

@@ -19,7 +19,6 @@ The SNR filter then runs on the resulting batch, as without dynamic sampling.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -43,8 +42,6 @@ from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.shaping import OverlongShaping
 from ragen2.models.loading import load_tokenizer
 from ragen2.rollout.base import Sampler
-
-log = logging.getLogger("ragen2")
 
 # Dynamic sampling's later rounds draw instance and sampler seeds above both round 0's and the held-out
 # ones (ragen2.data.evaluation.VAL_SEED_OFFSET).

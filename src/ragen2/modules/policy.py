@@ -29,7 +29,6 @@ reference model exists only when one of them is on (and stays out of checkpoints
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -46,6 +45,7 @@ from ragen2.algos.logprobs import masked_mean, sampled_logprobs
 from ragen2.algos.losses import aggregate, entropy_loss
 from ragen2.config import settings
 from ragen2.data.batch import RolloutBatch
+from ragen2.log import log
 from ragen2.models.forward import decoder_hidden, lm_head
 from ragen2.models.loading import ModelConfig
 from ragen2.modules.algo_config import AlgoConfig
@@ -53,8 +53,6 @@ from ragen2.modules.critic import Critic
 from ragen2.modules.objectives import LossTerms
 from ragen2.modules.run_state import KEY, RunState, migrate
 from ragen2.progress import bar
-
-log = logging.getLogger("ragen2")
 
 REF_PREFIX = "ref_policy."
 
