@@ -69,10 +69,10 @@ def check_overrides(overrides: Iterable[str]) -> None:
     """Refuse command-line overrides of keys that moved, naming the new place (Hydra would only say
     the key is not in the config)."""
     for override in overrides:
-        key = override.split("=", 1)[0].lstrip("~+")
-        for old, fix in RESPELLED.items():
-            if override.split("=", 1)[0] == old:
-                raise ConfigError(f"{override!r}: use {fix}")
+        spelled = override.split("=", 1)[0]
+        if spelled in RESPELLED:
+            raise ConfigError(f"{override!r}: use {RESPELLED[spelled]}")
+        key = spelled.lstrip("~+")
         moved = _moved(key) or _moved(key, REDIRECTED)
         if moved is not None:
             raise ConfigError(f"{override!r}: {moved}")

@@ -15,6 +15,8 @@ from ragen2.log import log, quiet_lightning  # noqa: E402
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train with a composed config; returns the last iteration's metrics."""
+    import gc
+
     import lightning as L
 
     quiet_lightning()
@@ -30,7 +32,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if trainer.is_global_zero:
         log.info("run folder: %s", cfg.run_dir)
-    return dict(module.last_metrics)
+    metrics = dict(module.last_metrics)
+    # the trainer and the module reference each other: free the run's models now, not at the next full
+    # collection (several runs in one process, as in a notebook or a benchmark, otherwise pile them up)
+    del trainer, module, datamodule, callbacks, loggers
+    gc.collect()
+    return metrics
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

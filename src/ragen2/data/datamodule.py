@@ -100,7 +100,6 @@ class RolloutDataModule(L.LightningDataModule):
         self.env = settings(EnvConfig, env, "env")
         self.rollout_cfg = settings(RolloutConfig, rollout, "rollout")
         self.filter = filter
-        self.groups, self.group_size = self.rollout_cfg.groups, self.rollout_cfg.group_size
         sampler_cls = getattr(self.rollout_cfg.sampler, "func", self.rollout_cfg.sampler)
         if filter.needs_entropy and not getattr(sampler_cls, "records_entropy", False):
             raise ConfigError(
@@ -118,6 +117,16 @@ class RolloutDataModule(L.LightningDataModule):
         self.tokenizer: Any = None
         self.sampler: Sampler | None = None
         self.runner: EpisodeRunner | None = None
+
+    @property
+    def groups(self) -> int:
+        """Groups per iteration (``rollout.groups``)."""
+        return self.rollout_cfg.groups
+
+    @property
+    def group_size(self) -> int:
+        """Rollouts per group (``rollout.group_size``)."""
+        return self.rollout_cfg.group_size
 
     # ---- set-up -----------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
