@@ -63,12 +63,17 @@ class Episode:
         return sum(len(t.sampled_ids) for t in self.turns)
 
     @property
-    def mean_entropy(self) -> float | None:
-        """Mean next-token entropy over every sampled position; None if a turn did not record it."""
+    def token_entropies(self) -> list[float] | None:
+        """The next-token entropy at every sampled position, in order; None if a turn did not record it."""
         if any(t.entropies is None for t in self.turns):
             return None
-        values = [h for t in self.turns for h in t.entropies or ()]
-        return sum(values) / len(values) if values else 0.0
+        return [h for t in self.turns for h in t.entropies or ()]
+
+    @property
+    def mean_entropy(self) -> float | None:
+        """Mean of ``token_entropies`` (0 with no sampled token); None if they were not recorded."""
+        values = self.token_entropies
+        return None if values is None else (sum(values) / len(values) if values else 0.0)
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable record (for rollout.save_jsonl)."""

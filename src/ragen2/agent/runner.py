@@ -37,10 +37,9 @@ class AgentConfig:
     max_context: int = 4096  # tokens of prompt + response the model may hold
 
     def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ValueError(f"env.max_turns={self.max_turns} must be ≥ 1")
-        if self.max_actions_per_turn < 1:
-            raise ValueError(f"env.max_actions_per_turn={self.max_actions_per_turn} must be ≥ 1")
+        for key in ("max_turns", "max_actions_per_turn"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"env.{key}={getattr(self, key)} must be ≥ 1. Fix: env.{key}=1 or more")
 
 
 def system_prompt(instructions: str, cfg: AgentConfig, max_tokens: int) -> str:

@@ -39,7 +39,7 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def _token_entropy(episodes: Sequence[Episode]) -> dict[str, float]:
     """Mean next-token entropy over every sampled position, when the sampler recorded it."""
-    if any(ep.mean_entropy is None for ep in episodes):
+    per_episode = [ep.token_entropies for ep in episodes]
+    if any(values is None for values in per_episode):
         return {}
-    values = [h for ep in episodes for t in ep.turns for h in t.entropies or ()]
-    return {"token_entropy": _mean(values)}
+    return {"token_entropy": _mean([h for values in per_episode for h in values or ()])}

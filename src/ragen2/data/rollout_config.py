@@ -37,9 +37,7 @@ class EnvConfig:
                 f"env.id={self.id!r} is not a ragen2 environment. Fix: env=<name> (conf/env/), or an id of "
                 f"{', '.join(sorted(ragen2_envs.ENV_IDS))}"
             )
-        for key in ("max_turns", "max_actions_per_turn"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"env.{key}={getattr(self, key)} must be ≥ 1. Fix: env.{key}=1 or more")
+        AgentConfig(max_turns=self.max_turns, max_actions_per_turn=self.max_actions_per_turn)  # checks both
         object.__setattr__(self, "kwargs", dict(self.kwargs or {}))
 
     def make(self) -> ragen2_envs.TextEnv:
@@ -94,15 +92,12 @@ class RolloutConfig:
             )
 
     def params(self) -> SamplingParams:
-        try:
-            return SamplingParams(
-                max_new_tokens=self.max_new_tokens,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                top_k=self.top_k,
-            )
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+        )
 
     def runner(self, env: EnvConfig, tokenizer: Any) -> EpisodeRunner:
         """The episode runner for ``env`` with these sampling settings."""

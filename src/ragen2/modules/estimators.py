@@ -133,9 +133,7 @@ class GAEAdvantage:
 
     def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
         if values is None:
-            raise ValueError(
-                "GAEAdvantage needs the critic's values: use it with algo=ppo (algo.critic set)"
-            )
+            raise ValueError("GAEAdvantage needs the critic's values: use it with algo=ppo (algo.critic set)")
         rewards, mask = getattr(batch, self.field), batch.loss_mask
         adv, returns = (
             bilevel_gae(
