@@ -3,11 +3,16 @@
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score, naive_cross_score
 from ragen2.diagnostics.metric import MIMetric
 from ragen2.diagnostics.mi import METRIC_KEYS, mi_metrics, zscore
+from ragen2.diagnostics.regimes import REGIME_TABLE, Regime, RegimeThresholds, classify
 
 __all__ = [
     "METRIC_KEYS",
+    "REGIME_TABLE",
     "CrossScores",
     "MIMetric",
+    "Regime",
+    "RegimeThresholds",
+    "classify",
     "cross_score",
     "mi_metrics",
     "naive_cross_score",
