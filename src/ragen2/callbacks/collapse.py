@@ -1,0 +1,130 @@
+"""``CollapseMonitor``: the regime of each MI pass, logged as ``diag/regime``, and the template-collapse alarm.
+
+After every iteration it reads the MI proxies the iteration logged (``last_metrics``, the module's
+``ReportsMetrics`` contract) under ``diag/<mode>/``; on iterations with a pass it advances the classifier
+of ``ragen2.diagnostics.regimes`` and logs ``diag/regime`` (the declared regime's code: 0 healthy,
+1 template collapse, 2 compressed, 3 collapsed) and ``diag/regime_raw`` (the pass on its own, before
+patience). When input dependence is first declared lost (template collapse, or collapsed reached
+directly) it warns once with the evidence, the pass's numbers against the first pass's and the
+thresholds; with ``on_collapse: stop`` it also ends the run after the iteration, at that pass and at every
+later pass still in an alarm regime. Iterations without a pass (between ``diagnostics.every_n_iterations``,
+or too few distinct prompts) leave the state alone: patience counts passes, not iterations.
+
+Several processes: each rank classifies the numbers it sees; the stop decision is reduced over ranks
+(any rank's alarm stops all) every iteration, so every rank takes part in the same collective and all
+stop together even if their metrics differed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+from ragen2.config import ConfigError
+from ragen2.data.contracts import ReportsMetrics
+from ragen2.diagnostics.regimes import CURVE, PassMetrics, RegimeState, RegimeThresholds, evidence, step
+from ragen2.log import log
+
+ACTIONS = ("warn", "stop")
+KEY = "callbacks.collapse"
+
+
+class CollapseMonitor(L.Callback):
+    """Regimes of the ``mode`` curve's MI passes (``first_turn``, ``trajectory`` or ``turn_<t>``)."""
+
+    def __init__(
+        self,
+        mode: str = "first_turn",
+        on_collapse: str = "warn",
+        patience: int = 2,
+        entropy_fraction: float = 0.5,
+        mi_fraction: float = 0.5,
+        retrieval_fraction: float = 0.5,
+    ) -> None:
+        if not isinstance(mode, str) or not CURVE.fullmatch(mode):
+            raise ConfigError(
+                f"{KEY}.mode={mode!r} is not a curve the MI pass logs: first_turn, trajectory or turn_<t> "
+                f"(t ≥ 2, with per_turn in diagnostics.modes). Fix: {KEY}.mode=first_turn"
+            )
+        if on_collapse not in ACTIONS:
+            raise ConfigError(
+                f"{KEY}.on_collapse={on_collapse!r} must be one of {', '.join(ACTIONS)} "
+                f"(to switch the monitor off: {KEY}=null). Fix: {KEY}.on_collapse=warn"
+            )
+        try:
+            self.thresholds = RegimeThresholds(entropy_fraction, mi_fraction, retrieval_fraction, patience)
+        except ValueError as err:
+            raise ConfigError(f"{KEY}.{err}".replace("Fix: ", f"Fix: {KEY}.")) from None
+        self.mode = mode
+        self.on_collapse = on_collapse
+        self.state = RegimeState()
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(mode=self.mode)  # one monitor per curve can coexist
+
+    def observe(self, metrics: Mapping[str, float], iteration: int) -> dict[str, float]:
+        """Advance on one iteration's metrics; returns what to log (empty without a pass)."""
+        now = PassMetrics.read(metrics, self.mode)
+        if now is None:
+            return {}
+        before = self.state.regime
+        result = step(self.state, now, self.thresholds)
+        self.state = result.state
+        assert self.state.first is not None
+        if result.alarm_began:
+            _warn(
+                "%s at iteration %d (%s MI pass %d, patience %d): input dependence lost%s; %s%s",
+                self.state.regime.label,
+                iteration,
+                self.mode,
+                self.state.passes,
+                self.thresholds.patience,
+                ", while H(Z|X) holds (entropy alone does not show it)" if not self.state.entropy_low else "",
+                evidence(now, self.state.first, self.thresholds),
+                "; stopping (on_collapse=stop)" if self.on_collapse == "stop" else "",
+            )
+        elif result.changed:
+            _info("regime at iteration %d: %s → %s", iteration, before.label, self.state.regime.label)
+        return {"diag/regime": float(self.state.regime), "diag/regime_raw": float(result.raw)}
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        metrics = pl_module.last_metrics if isinstance(pl_module, ReportsMetrics) else {}
+        logged = self.observe(metrics, trainer.current_epoch)
+        if logged:
+            pl_module.log_dict(logged, on_step=True, on_epoch=False, batch_size=1)
+        if self.on_collapse == "stop":
+            # a collective on every iteration, pass or not, so that no rank waits on another
+            local = bool(logged) and self.state.regime.alarm
+            if trainer.strategy.reduce_boolean_decision(local, all=False):
+                if not local:
+                    _warn(
+                        "stopping after iteration %d: another rank declared input dependence lost",
+                        trainer.current_epoch,
+                    )
+                trainer.should_stop = True
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.state.first is None:
+            _info("collapse monitor: no diag/%s/ MI pass in this run, so no regime", self.mode)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.state = RegimeState.from_dict(state_dict)
+
+
+@rank_zero_only
+def _warn(msg: str, *args: Any) -> None:
+    log.warning(msg, *args)
+
+
+@rank_zero_only
+def _info(msg: str, *args: Any) -> None:
+    log.info(msg, *args)

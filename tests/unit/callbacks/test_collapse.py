@@ -1,0 +1,218 @@
+"""CollapseMonitor: its config errors, what it logs and warns on a metric stream, and real tiny runs that
+warn, stop, and resume with its state from the checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from ragen2.callbacks import CollapseMonitor
+from ragen2.config import ConfigError, build, compose
+from ragen2.diagnostics.regimes import PassMetrics, Regime, RegimeState, RegimeThresholds, classify
+
+STATE_KEY = "CollapseMonitor{'mode': 'first_turn'}"
+FAST = (
+    "model=tiny",
+    "rollout=scripted",
+    "algo.optim.lr=1e-3",
+    "trainer.limit_val_batches=0",
+    "callbacks.rollout_table=null",
+    "callbacks.curves=null",
+)
+# mi_fraction = retrieval_fraction = 1: a value is low when ≤ max(first pass's, 0), which the first pass
+# itself always is; H(Z|X) > 0 stays above half of itself. So the first pass is template collapse, declared
+# at once with patience 1: a deterministic alarm at iteration 0 whatever the random model's numbers.
+ALARM_AT_FIRST_PASS = (
+    "callbacks.collapse.patience=1",
+    "callbacks.collapse.mi_fraction=1",
+    "callbacks.collapse.retrieval_fraction=1",
+)
+
+
+@contextmanager
+def records() -> Iterator[list[logging.LogRecord]]:
+    """Every record of the ``ragen2`` logger while the block runs."""
+    out: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = out.append  # type: ignore[method-assign]
+    logger = logging.getLogger("ragen2")
+    logger.addHandler(handler)
+    try:
+        yield out
+    finally:
+        logger.removeHandler(handler)
+
+
+def warnings_of(logged: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in logged if r.levelno == logging.WARNING]
+
+
+def metric_rows(run_dir: str) -> list[dict[str, str]]:
+    with (Path(run_dir) / "csv" / "metrics.csv").open() as f:
+        return [r for r in csv.DictReader(f) if r.get("train/iteration")]
+
+
+def saved_state(run_dir: str) -> RegimeState:
+    ckpt = torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return RegimeState.from_dict(ckpt["callbacks"][STATE_KEY])
+
+
+def pass_of(row: dict[str, str]) -> PassMetrics:
+    metrics = {k: float(v) for k, v in row.items() if k.startswith("diag/first_turn/") and v != ""}
+    found = PassMetrics.read(metrics)
+    assert found is not None
+    return found
+
+
+def train(run_dir: Path, overrides: Sequence[str]) -> tuple[dict[str, float], list[logging.LogRecord]]:
+    from ragen2.train import run
+
+    with records() as logged:
+        metrics = run(compose([*FAST, *overrides], run_dir=str(run_dir)))
+    return metrics, logged
+
+
+# ---- config --------------------------------------------------------------------------------------
+
+
+def test_on_by_default_warning_on_the_first_turn_curve() -> None:
+    monitor = build(compose([]).callbacks.collapse)
+    assert isinstance(monitor, CollapseMonitor)
+    assert (monitor.mode, monitor.on_collapse) == ("first_turn", "warn")
+    assert monitor.thresholds == RegimeThresholds()
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("on_collapse=halt", "callbacks.collapse.on_collapse='halt'"),
+        ("mode=per_turn", "callbacks.collapse.mode='per_turn'"),
+        ("mode=turn_1", "callbacks.collapse.mode='turn_1'"),
+        ("patience=0", "callbacks.collapse.patience=0"),
+        ("entropy_fraction=2", "callbacks.collapse.entropy_fraction=2"),
+    ],
+)
+def test_bad_values_are_config_errors_naming_key_value_and_fix(override: str, named: str) -> None:
+    cfg = compose([f"callbacks.collapse.{override}"])
+    with pytest.raises(ConfigError) as err:
+        build(cfg.callbacks.collapse)
+    key = named.split("=")[0]
+    assert str(err.value).startswith(named) and f"Fix: {key}=" in str(err.value)
+
+
+def test_a_curve_of_another_mode_is_accepted() -> None:
+    assert CollapseMonitor(mode="turn_12").state_key == "CollapseMonitor{'mode': 'turn_12'}"
+    assert CollapseMonitor(mode="trajectory").mode == "trajectory"
+
+
+# ---- a constructed metric stream through the callback ---------------------------------------------
+
+
+def _pass(h: float, z: float, r: float, curve: str = "first_turn") -> dict[str, float]:
+    keys = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
+    return {f"diag/{curve}/{k}": v for k, v in zip(keys, (h, z, r))} | {"train/loss": 0.1}
+
+
+def test_stream_logs_regimes_on_passes_and_warns_once_with_the_evidence() -> None:
+    monitor = CollapseMonitor(patience=2)
+    stream = [
+        _pass(2.0, 1.0, 0.4),  # 0: the first pass, the reference
+        {"train/loss": 0.1},  # 1: no pass this iteration
+        _pass(1.9, 0.1, 0.0),  # 2: template (1st)
+        _pass(1.9, 0.2, 0.05),  # 3: template (2nd): declared, the alarm
+        _pass(1.9, 0.9, 0.35),  # 4: healthy (1st)
+        _pass(1.9, 0.9, 0.35),  # 5: healthy (2nd): recovered
+        _pass(1.9, 0.1, 0.0),  # 6
+        _pass(1.9, 0.1, 0.0),  # 7: template again: no second warning
+        _pass(2.0, 1.0, 0.4, curve="trajectory"),  # 8: another curve's pass: not this monitor's
+    ]
+    with records() as logged:
+        out = [monitor.observe(metrics, iteration) for iteration, metrics in enumerate(stream)]
+    assert [o.get("diag/regime") for o in out] == [0.0, None, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, None]
+    assert [o.get("diag/regime_raw") for o in out] == [0.0, None, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None]
+    (warning,) = warnings_of(logged)
+    assert warning.startswith("template collapse at iteration 3 (first_turn MI pass 3, patience 2)")
+    assert "while H(Z|X) holds" in warning
+    assert "MI z-score EMA 0.2 vs 1 at the first pass (low: threshold 0.5)" in warning
+    assert "retrieval above chance 0.05 vs 0.4 at the first pass (low: threshold 0.2)" in warning
+    changes = [r.getMessage() for r in logged if r.levelno == logging.INFO]
+    assert changes == [
+        "regime at iteration 5: template collapse → healthy",
+        "regime at iteration 7: healthy → template collapse",
+    ]
+    assert monitor.state.passes == 7 and monitor.state.first == PassMetrics(2.0, 1.0, 0.4)
+
+
+def test_state_dict_round_trip_continues_the_stream() -> None:
+    monitor = CollapseMonitor(patience=2)
+    for metrics in (_pass(2.0, 1.0, 0.4), _pass(1.9, 0.1, 0.0)):
+        monitor.observe(metrics, 0)
+    resumed = CollapseMonitor(patience=2)
+    resumed.load_state_dict(monitor.state_dict())
+    assert resumed.state == monitor.state and resumed.state.mi_streak == 1
+    # the second template pass completes the streak begun before the checkpoint
+    assert resumed.observe(_pass(1.9, 0.1, 0.0), 2)["diag/regime"] == float(Regime.TEMPLATE_COLLAPSE)
+
+
+# ---- real tiny runs -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def warned(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[logging.LogRecord]]:
+    """Two iterations with the alarm at iteration 0 and on_collapse=warn; a pass at iteration 0 only."""
+    run_dir = tmp_path_factory.mktemp("collapse") / "warn"
+    _, logged = train(run_dir, [*ALARM_AT_FIRST_PASS, "iterations=2", "diagnostics.every_n_iterations=2"])
+    return str(run_dir), logged
+
+
+def test_warn_logs_the_regime_warns_once_and_keeps_running(warned) -> None:
+    run_dir, logged = warned
+    rows = metric_rows(run_dir)
+    assert len(rows) == 2  # not stopped
+    # diag/regime lands in the CSV logger on the iteration's own row, and only on iterations with a pass
+    assert (rows[0]["diag/regime"], rows[0]["diag/regime_raw"]) == ("1.0", "1.0")
+    assert rows[1]["diag/regime"] == "" and rows[1]["diag/first_turn/cond_entropy"] == ""
+    (warning,) = warnings_of(logged)
+    assert warning.startswith("template collapse at iteration 0 (first_turn MI pass 1, patience 1)")
+    assert "stopping" not in warning
+    state = saved_state(run_dir)
+    assert state.regime == Regime.TEMPLATE_COLLAPSE and state.warned and state.passes == 1
+    assert state.first is not None  # the CSV holds float32
+    assert asdict(state.first) == pytest.approx(asdict(pass_of(rows[0])), rel=1e-6)
+
+
+def test_resume_restores_the_state_and_does_not_warn_again(warned, tmp_path: Path) -> None:
+    run_dir, _ = warned
+    first = saved_state(run_dir).first
+    ckpt = Path(run_dir) / "checkpoints" / "last.ckpt"
+    resumed_dir = tmp_path / "resumed"
+    _, logged = train(
+        resumed_dir,
+        [*ALARM_AT_FIRST_PASS, "iterations=3", "diagnostics.every_n_iterations=2", f"ckpt_path={ckpt}"],
+    )
+    (row,) = metric_rows(str(resumed_dir))  # iteration 2, with a pass
+    assert not [w for w in warnings_of(logged) if "input dependence lost" in w]
+    state = saved_state(str(resumed_dir))
+    assert state.passes == 2 and state.warned and state.first == first
+    # patience 1: the declared regime is this pass's own, against the first pass of the original run
+    expected = classify(pass_of(row), first, RegimeThresholds(mi_fraction=1.0, retrieval_fraction=1.0))
+    assert float(row["diag/regime"]) == float(expected) == float(state.regime)
+
+
+def test_stop_ends_the_run_after_the_iteration_of_the_alarm(tmp_path: Path) -> None:
+    overrides = [*ALARM_AT_FIRST_PASS, "iterations=3", "callbacks.collapse.on_collapse=stop"]
+    _, logged = train(tmp_path / "stop", overrides)
+    rows = metric_rows(str(tmp_path / "stop"))
+    assert len(rows) == 1 and rows[0]["diag/regime"] == "1.0"  # 3 iterations asked, 1 run
+    (warning,) = warnings_of(logged)
+    assert warning.startswith("template collapse at iteration 0") and warning.endswith(
+        "; stopping (on_collapse=stop)"
+    )
+    assert saved_state(str(tmp_path / "stop")).warned  # the checkpoint of the last iteration still written
