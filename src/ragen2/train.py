@@ -11,6 +11,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from ragen2.config import CONF_DIR, build, check_batch, command_line, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
+from ragen2.resume import run_ckpt_path, slurm_plugins  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -21,6 +22,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     quiet_lightning()
     validate(cfg)  # before anything is built; then each object checks its own node, and check_batch both
+    ckpt_path = run_ckpt_path(cfg)  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/resume.py)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data)
     module = build(cfg.module)
@@ -28,8 +30,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     # a group entry set to null (callbacks.curves=null) switches that piece off
     callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=slurm_plugins())
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if trainer.is_global_zero:
         log.info("run folder: %s", cfg.run_dir)
     metrics = dict(module.last_metrics)

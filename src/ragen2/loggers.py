@@ -1,0 +1,122 @@
+"""Loggers that keep a run's history when the run restarts in its own folder (a requeued SLURM job).
+
+A resumed run logs again from the first iteration after its checkpoint; whatever the interrupted attempt
+logged from that iteration on belongs to work that was thrown away. The rule for every logger here: **the
+first step a (re)started logger writes is where the run resumed; history at or after it is stale.**
+
+- ``CSVLogger``: Lightning's CSVLogger deletes ``metrics.csv`` when its folder is not empty. This
+  one keeps the file (and its columns), and before its first write drops the rows whose step is at or
+  after the first step it is about to write, so each iteration appears exactly once.
+- ``TensorBoardLogger``: a restart writes a new events file beside the old ones; this one marks its
+  first step with a ``SessionLog.START`` event, TensorBoard's own restart marker (the event
+  ``SummaryWriter(purge_step=…)`` writes), which hides older events at or after that step.
+- ``wandb_logger``: Lightning's WandbLogger with a run id derived from the run folder (Lightning already
+  passes ``resume="allow"``), so every attempt of a run continues one wandb run; offline, each attempt
+  writes its own ``offline-run-<time>-<id>`` folder and ``wandb sync`` appends them to that one run.
+  A row the interrupted attempt logged after its last checkpoint stays in its file (wandb cannot
+  rewind offline); plotted against ``trainer/global_step`` that iteration shows twice.
+
+Steps are Lightning's ``_batches_that_stepped``, one per RL iteration here, restored from the checkpoint.
+The two subclasses keep Lightning's class names: callbacks find the CSV logger by name (curves.png).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch import loggers as pl_loggers
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+
+def rows_before(rows: Sequence[Mapping[str, str]], step: int) -> list[Mapping[str, str]]:
+    """The CSV rows logged before ``step`` (rows without a step are kept)."""
+    return [r for r in rows if not r.get("step") or float(r["step"]) < step]
+
+
+class _ResumingWriter(ExperimentWriter):
+    """``metrics.csv`` kept across restarts: its columns are read back, stale rows dropped on first save."""
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__(log_dir)
+        self._resumed = False
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = sorted(next(csv.reader(f), []))
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning deletes an existing metrics.csv here; a restarted run keeps its history."""
+
+    def save(self) -> None:
+        if self.metrics and not self._resumed:
+            self._resumed = True
+            if self._fs.isfile(self.metrics_file_path):
+                self._drop_from(min(int(m["step"]) for m in self.metrics))
+        super().save()
+
+    def _drop_from(self, step: int) -> None:
+        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+            reader = csv.DictReader(f)
+            header, rows = list(reader.fieldnames or []), list(reader)
+        kept = rows_before(rows, step)
+        if len(kept) == len(rows):
+            return
+        # write beside and rename: a job killed mid-write must not lose the history it is trimming
+        tmp = self.metrics_file_path + ".tmp"
+        with self._fs.open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(kept)
+        self._fs.mv(tmp, self.metrics_file_path)
+
+
+class CSVLogger(pl_loggers.CSVLogger):
+    """Lightning's CSVLogger, appending to ``metrics.csv`` across restarts without repeating a step."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _ResumingWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ResumingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class TensorBoardLogger(pl_loggers.TensorBoardLogger):
+    """Lightning's TensorBoardLogger, marking where a restarted run resumed (``SessionLog.START``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._marked = False
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if not self._marked and step is not None:
+            self._marked = True
+            self._mark_start(step)
+        super().log_metrics(metrics, step)
+
+    def _mark_start(self, step: int) -> None:
+        writer = self.experiment
+        if type(writer).__module__.startswith("tensorboardX"):
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+        else:
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        writer._get_file_writer().add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+
+
+def wandb_run_id(run_dir: str | os.PathLike[str]) -> str:
+    """A wandb run id that every attempt of one run folder shares: a hash of its absolute path."""
+    return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def wandb_logger(save_dir: str, id: str | None = None, **kwargs: Any) -> WandbLogger:
+    """Lightning's WandbLogger whose run id is ``wandb_run_id(save_dir)`` unless ``id`` is given."""
+    return WandbLogger(save_dir=save_dir, id=id or wandb_run_id(save_dir), **kwargs)

@@ -1,0 +1,161 @@
+"""Resume on requeue: which checkpoint ``ckpt_path`` resolves to, and loggers that keep history across it."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ragen2.config import ConfigError, compose
+from ragen2.loggers import CSVLogger, TensorBoardLogger, rows_before, wandb_run_id
+from ragen2.resume import checkpoint_dir, resolve_ckpt_path, run_ckpt_path, slurm_plugins
+
+SLURM_JOB = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}
+SUBMITIT_LOCAL_JOB = {"SUBMITIT_EXECUTOR": "local"}
+
+
+def _touch(path: Path, mtime: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"ckpt")
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_auto_resumes_only_inside_a_restartable_job(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    assert resolve_ckpt_path("auto", folder, SLURM_JOB) is None  # first start of the job: fresh
+    last = _touch(folder / "last.ckpt", time.time())
+    assert resolve_ckpt_path("auto", folder, SLURM_JOB) == str(last)
+    assert resolve_ckpt_path("auto", folder, SUBMITIT_LOCAL_JOB) == str(last)
+    # a local run never picks up a checkpoint it was not given, nor does null anywhere
+    assert resolve_ckpt_path("auto", folder, {}) is None
+    assert resolve_ckpt_path(None, folder, SLURM_JOB) is None
+
+
+def test_auto_takes_the_newest_last_checkpoint(tmp_path: Path) -> None:
+    # Lightning writes last-v1.ckpt when a fresh run starts in a folder that holds a last.ckpt
+    now = time.time()
+    _touch(tmp_path / "last.ckpt", now - 100)
+    newer = _touch(tmp_path / "last-v1.ckpt", now)
+    _touch(tmp_path / "epoch=3.ckpt", now + 100)  # not a last checkpoint
+    assert resolve_ckpt_path("auto", tmp_path, SLURM_JOB) == str(newer)
+
+
+def test_explicit_values(tmp_path: Path) -> None:
+    ckpt = _touch(tmp_path / "some.ckpt", time.time())
+    assert resolve_ckpt_path(str(ckpt), tmp_path, {}) == str(ckpt)
+    assert resolve_ckpt_path("last", tmp_path, {}) == "last"  # Lightning's own, resolved by Lightning
+    assert resolve_ckpt_path("s3://bucket/last.ckpt", tmp_path, {}) == "s3://bucket/last.ckpt"
+    with pytest.raises(ConfigError, match=r"ckpt_path=.*missing\.ckpt: no such checkpoint file\. Fix:"):
+        resolve_ckpt_path(str(tmp_path / "missing.ckpt"), tmp_path, SLURM_JOB)
+
+
+def test_composed_config_resumes_from_its_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = compose(["model=tiny"], run_dir=str(tmp_path))
+    assert cfg.ckpt_path == "auto"
+    assert checkpoint_dir(cfg) == tmp_path / "checkpoints"
+    assert (
+        checkpoint_dir(compose(["~callbacks.checkpoint"], run_dir=str(tmp_path))) == tmp_path / "checkpoints"
+    )
+    last = _touch(tmp_path / "checkpoints" / "last.ckpt", time.time())
+    for key in ("SLURM_JOB_ID", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(key, raising=False)
+    assert run_ckpt_path(cfg) is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert run_ckpt_path(cfg) == str(last)
+
+
+def test_lightning_does_not_requeue_under_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    assert slurm_plugins() == []
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "ragen2")
+    (env,) = slurm_plugins()
+    assert type(env).__name__ == "SLURMEnvironment" and env.auto_requeue is False
+    monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: Lightning ignores SLURM too
+    assert slurm_plugins() == []
+
+
+def _csv_rows(save_dir: Path) -> list[dict[str, str]]:
+    with (save_dir / "csv" / "metrics.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _csv_logger(save_dir: Path) -> CSVLogger:
+    return CSVLogger(save_dir=str(save_dir), name="csv", version="", flush_logs_every_n_steps=1)
+
+
+def test_rows_before() -> None:
+    rows = [{"step": "0", "a": "1"}, {"step": "1", "a": "2"}, {"step": "1", "epoch": "1"}, {"step": "2"}]
+    assert rows_before(rows, 1) == rows[:1]
+    assert rows_before(rows, 0) == []
+    assert rows_before([{"step": "", "a": "3"}], 0) == [{"step": "", "a": "3"}]
+
+
+def test_csv_keeps_history_and_logs_each_step_once(tmp_path: Path) -> None:
+    first = _csv_logger(tmp_path)
+    for step in range(4):  # iterations 0..3, the last checkpoint after iteration 1: 2 and 3 are lost work
+        first.log_metrics({"train/iteration": step, "train/loss": 10.0 + step}, step=step)
+        first.save()
+    first.log_metrics({"val/success": 0.5, "epoch": 3}, step=3)
+    first.save()
+    # the requeued job resumes after iteration 1, logs 2..4, and a column the first attempt never had
+    second = _csv_logger(tmp_path)
+    for step in range(2, 5):
+        second.log_metrics({"train/iteration": step, "train/loss": 20.0 + step, "train/kl": 0.1}, step=step)
+        second.save()
+    rows = _csv_rows(tmp_path)
+    assert [int(float(r["train/iteration"])) for r in rows] == [0, 1, 2, 3, 4]
+    assert [float(r["train/loss"]) for r in rows] == [10.0, 11.0, 22.0, 23.0, 24.0]
+    assert [r["train/kl"] for r in rows] == ["", "", "0.1", "0.1", "0.1"]
+    assert "val/success" in rows[0]  # the stale row is gone, its column stays (empty)
+    assert all(r["val/success"] == "" for r in rows)
+    assert not (tmp_path / "csv" / "metrics.csv.tmp").exists()
+
+
+def test_csv_fresh_start_in_a_used_folder_replaces_the_rows(tmp_path: Path) -> None:
+    old = _csv_logger(tmp_path)
+    for step in range(3):
+        old.log_metrics({"x": 1.0}, step=step)
+        old.save()
+    new = _csv_logger(tmp_path)
+    new.log_metrics({"x": 2.0}, step=0)
+    new.save()
+    assert [(r["step"], r["x"]) for r in _csv_rows(tmp_path)] == [("0", "2.0")]
+
+
+def test_tensorboard_restart_hides_the_lost_steps(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = TensorBoardLogger(save_dir=str(tmp_path), name="tb", version="", default_hp_metric=False)
+    for step in range(4):
+        first.log_metrics({"train/loss": 10.0 + step}, step=step)
+    first.finalize("failed")
+    # event files are named by the second they were opened in, and TensorBoard reads them in that order
+    time.sleep(1.1)
+    second = TensorBoardLogger(save_dir=str(tmp_path), name="tb", version="", default_hp_metric=False)
+    for step in range(2, 5):
+        second.log_metrics({"train/loss": 20.0 + step}, step=step)
+    second.finalize("success")
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+        (0, 10.0),
+        (1, 11.0),
+        (2, 22.0),
+        (3, 23.0),
+        (4, 24.0),
+    ]
+
+
+def test_wandb_run_id_is_one_per_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    assert wandb_run_id("a") == wandb_run_id(tmp_path / "a") == wandb_run_id(str(tmp_path / "a") + "/")
+    assert wandb_run_id("a") != wandb_run_id("b")
+    assert len(wandb_run_id("a")) == 16 and wandb_run_id("a").isalnum()
