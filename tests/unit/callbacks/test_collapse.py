@@ -4,7 +4,10 @@ warn, stop, and resume with its state from the checkpoint."""
 from __future__ import annotations
 
 import csv
+import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -216,3 +219,75 @@ def test_stop_ends_the_run_after_the_iteration_of_the_alarm(tmp_path: Path) -> N
         "; stopping (on_collapse=stop)"
     )
     assert saved_state(str(tmp_path / "stop")).warned  # the checkpoint of the last iteration still written
+
+
+# ---- several processes ----------------------------------------------------------------------------
+
+DDP_SCRIPT = """
+import json
+import sys
+
+import lightning as L
+import torch
+
+from ragen2.callbacks import CollapseMonitor
+
+HEALTHY = {"cond_entropy": 2.0, "mi_zscore_ema": 1.0, "retrieval_above_chance": 0.4}
+TEMPLATE = {"cond_entropy": 1.9, "mi_zscore_ema": 0.1, "retrieval_above_chance": 0.0}
+
+
+class Streams(L.LightningModule):
+    # the metric stream of each rank, as last_metrics (ReportsMetrics): the callback's whole input
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.last_metrics = {}
+
+    def training_step(self, batch, batch_idx):
+        values = TEMPLATE if self.global_rank == 1 and self.current_epoch >= 2 else HEALTHY
+        self.last_metrics = {f"diag/first_turn/{k}": v for k, v in values.items()}
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.zeros(1, 1), batch_size=1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Report(L.Callback):
+    def on_train_end(self, trainer, pl_module):
+        out = {"epochs": trainer.current_epoch, "regime": int(trainer.callback_metrics["diag/regime"])}
+        with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=6,
+        callbacks=[CollapseMonitor(on_collapse="stop", patience=1), Report()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).fit(Streams())
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_stops_together_when_one_rank_alone_sees_the_alarm(tmp_path: Path) -> None:
+    # Two CPU ranks (gloo). Rank 1's passes lose input dependence at iteration 2, rank 0's never do:
+    # the stop decision is reduced over ranks, so both end after iteration 2 of 6 (no rank left waiting
+    # in a collective), each with its own regime.
+    script = tmp_path / "ddp_stop.py"
+    script.write_text(DDP_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks == [{"epochs": 3, "regime": 0}, {"epochs": 3, "regime": 1}]
+    assert "stopping after iteration 2: another rank declared input dependence lost" in proc.stdout
