@@ -1,0 +1,249 @@
+"""Gradients by reward-variance bucket as a callback (METHOD.md §5, the paper's SNR evidence).
+
+Before the update of iteration 0 and of every ``every_n_iterations``-th iteration, on the unfiltered
+batch (every group, kept or not) and with no optimizer step: the groups are split into quantile buckets
+of within-group reward variance (``ragen2.diagnostics.gradients``: buckets, norm definitions, figure),
+and for each bucket the task term (the policy objective), the entropy term and the KL term (only when
+the loss has one: ``algo.kl_coef`` > 0 with its reference model) are back-propagated one at a time, each
+giving its pre-clip global gradient norm over the policy's parameters. The numbers join the iteration's
+metrics (``grad/<bucket>/<term>`` and ``_per_sample``, ``_per_token``; ``grad/<bucket>/{groups,
+samples, tokens, rv_mean, rv_min, rv_max}``; ``time/gradient_buckets``), so the module logs them with
+its own, and rank zero draws ``<run>/gradients/iteration_<n>.png``.
+
+The loss terms are the module's own (``PolicyModule.loss_terms``) under the weights that sampled the
+batch: old log-probs are the current ones (on-policy, ratio 1, as in the update's first mini-batch), the
+reference and the critic's values come from the module's pre-update pass, KL in the reward is applied
+with a copy of its controller, and the advantages are the algorithm's (``algo.advantage``) over all
+groups. Departures from the update: no ``algo.loss_scaling`` (it depends on the filter, which the
+buckets ignore), and a bucket is one mini-batch (micro-batched under the module's token budget).
+
+Nothing of the run changes: gradients already held by the parameters are set aside and put back, the
+optimizer is never touched, and the torch (CPU and CUDA), Python and NumPy random states are restored,
+so a run gives the same ``train/*`` numbers with the callback on or off. Under several ranks each rank
+measures the groups it holds.
+
+Cost: per pass, one forward and one backward over the whole batch per term (three of each with a KL
+term, two without), i.e. about 2–3 times an update epoch's compute, and one extra gradient-sized buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from ragen2.algos.batching import micro_batch_share, micro_batches
+from ragen2.config import ConfigError
+from ragen2.data.batch import RolloutBatch
+from ragen2.diagnostics.gradients import (
+    ALL,
+    bucket_names,
+    group_reward_variance,
+    norm_metrics,
+    plot_buckets,
+    rv_buckets,
+)
+from ragen2.log import log
+from ragen2.modules.policy import PolicyModule, UpdateInputs
+
+# the task name of each LossTerms field
+_FIELDS = {"task": "policy", "entropy": "entropy", "kl": "kl"}
+
+
+class GradientBuckets(L.Callback):
+    """Task, entropy and KL gradient norms per reward-variance bucket of the unfiltered batch."""
+
+    def __init__(self, every_n_iterations: int = 0, num_buckets: int = 6, plot: bool = True) -> None:
+        if (
+            isinstance(every_n_iterations, bool)
+            or not isinstance(every_n_iterations, int)
+            or every_n_iterations < 0
+        ):
+            raise ConfigError(
+                f"callbacks.gradient_buckets.every_n_iterations={every_n_iterations!r} must be an integer ≥ 0 "
+                "(0 = never). Fix: callbacks.gradient_buckets.every_n_iterations=5"
+            )
+        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 1:
+            raise ConfigError(
+                f"callbacks.gradient_buckets.num_buckets={num_buckets!r} must be an integer ≥ 1 "
+                "(quantile buckets of reward variance). Fix: callbacks.gradient_buckets.num_buckets=6"
+            )
+        self.every_n_iterations = every_n_iterations
+        self.num_buckets = num_buckets
+        self.plot = plot
+
+    def due(self, iteration: int) -> bool:
+        every = self.every_n_iterations
+        return every > 0 and iteration % every == 0
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not (
+            isinstance(batch, RolloutBatch)
+            and isinstance(pl_module, PolicyModule)
+            and self.due(batch.iteration)
+        ):
+            return
+        metrics = self.measure(pl_module, batch)
+        batch.metrics.update(metrics)
+        if self.plot and trainer.is_global_zero:
+            png = Path(trainer.default_root_dir) / "gradients" / f"iteration_{batch.iteration:05d}.png"
+            plot_buckets(metrics, png, f"iteration {batch.iteration} · {pl_module.algo.name or 'algo'}")
+            log.info("gradients by reward-variance bucket: %s", png)
+
+    def measure(self, module: PolicyModule, batch: RolloutBatch) -> dict[str, float]:
+        """``grad/*`` of one unfiltered batch under the module's current weights (also callable from a
+        notebook); leaves parameters, gradients and random states as they were."""
+        start = time.perf_counter()
+        with _untouched(module), torch.enable_grad():
+            out = self._measure(module, batch)
+        out["time/gradient_buckets"] = time.perf_counter() - start
+        return out
+
+    def _measure(self, module: PolicyModule, batch: RolloutBatch) -> dict[str, float]:
+        n = batch.input_ids.shape[0]
+        if n == 0:
+            return {}
+        inputs, shaped = _update_inputs(module, batch)
+        variance = group_reward_variance(batch.returns, batch.group_index)
+        groups = rv_buckets(variance, self.num_buckets)
+        token_level = module.algo.loss_agg == "token-mean"
+        mask = batch.loss_mask
+        non_empty = mask.sum(-1) > 0
+        buckets: list[tuple[str, torch.Tensor]] = []
+        out: dict[str, float] = {}
+        for name, ids in zip(bucket_names(len(groups)), groups):
+            rows = torch.nonzero(torch.isin(batch.group_index, ids)).squeeze(-1)
+            buckets.append((name, rows))
+            rv = variance[ids]
+            out.update(_counts(name, rows, ids.numel(), mask, non_empty))
+            out.update(
+                {
+                    f"grad/{name}/rv_mean": float(rv.mean()),
+                    f"grad/{name}/rv_min": float(rv.min()),
+                    f"grad/{name}/rv_max": float(rv.max()),
+                }
+            )
+        everything = torch.arange(n)
+        out.update(_counts(ALL, everything, len(variance), mask, non_empty))
+        out[f"grad/{ALL}/rv_mean"] = float(variance.mean())
+        params = [p for p in module.policy.parameters() if p.requires_grad]
+        for term, field in _FIELDS.items():
+            total: list[torch.Tensor] | None = None  # Σ_b ∇S_b, the summed term of all groups
+            for name, rows in buckets:
+                present = _backward_bucket(module, shaped, rows, inputs, field, token_level)
+                if not present:
+                    break  # the configuration has no such term (no KL in the loss, a critic warm-up)
+                units = _units(mask, rows, non_empty, token_level)
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                summed = units * _global_norm(grads)
+                out.update(
+                    norm_metrics(
+                        name, term, summed, units, out[f"grad/{name}/samples"], out[f"grad/{name}/tokens"]
+                    )
+                )
+                if total is None:
+                    total = [g.mul(units) for g in grads]
+                else:
+                    for acc, g in zip(total, grads):
+                        acc.add_(g, alpha=units)
+                for p in params:
+                    p.grad = None
+            if total is not None:
+                out.update(
+                    norm_metrics(
+                        ALL,
+                        term,
+                        _global_norm(total),
+                        _units(mask, everything, non_empty, token_level),
+                        out[f"grad/{ALL}/samples"],
+                        out[f"grad/{ALL}/tokens"],
+                    )
+                )
+        return out
+
+
+def _update_inputs(module: PolicyModule, batch: RolloutBatch) -> tuple[UpdateInputs, RolloutBatch]:
+    """The module's pre-update inputs for every row, KL in the reward applied, advantages over all groups.
+
+    ``_pre_update`` with every row in its "first mini-batch" leaves old log-probs to be filled on-policy
+    by ``loss_terms`` (unless values or KL in the reward need them up front, when it computes them all).
+    """
+    n = batch.input_ids.shape[0]
+    inputs = module._pre_update(batch, [[torch.arange(n)]])
+    shaped = batch
+    if module.algo.kl_reward is not None:
+        assert inputs.ref_logp is not None
+        # a copy: the adaptive controller moves β on every call, and the update must see it unmoved
+        shaped, _ = copy.deepcopy(module.algo.kl_reward)(batch, inputs.old_logp, inputs.ref_logp)
+    est = module.algo.advantage(shaped, inputs.values)
+    inputs.advantages, inputs.returns = est.advantages, est.returns
+    return inputs, shaped
+
+
+def _backward_bucket(
+    module: PolicyModule,
+    batch: RolloutBatch,
+    rows: torch.Tensor,
+    inputs: UpdateInputs,
+    field: str,
+    token_level: bool,
+) -> bool:
+    """Accumulate ∇L_b of one loss term into the parameters' ``.grad``; False if the term is absent."""
+    lengths = batch.attention_mask[rows].sum(-1).tolist()
+    for part in micro_batches(lengths, module.algo.max_tokens_per_micro_batch):
+        idx = rows[torch.tensor(part)]
+        term = getattr(module.loss_terms(batch, idx, inputs, batch.iteration), field)
+        if term is None:
+            return False
+        (term * micro_batch_share(batch.loss_mask, idx, rows, token_level)).backward()
+    return True
+
+
+def _units(mask: torch.Tensor, rows: torch.Tensor, non_empty: torch.Tensor, token_level: bool) -> float:
+    """W_b: the aggregation's normaliser over ``rows`` (sampled tokens, or non-empty samples)."""
+    return float(mask[rows].sum()) if token_level else float(non_empty[rows].sum())
+
+
+def _counts(
+    name: str, rows: torch.Tensor, groups: int, mask: torch.Tensor, non_empty: torch.Tensor
+) -> dict[str, float]:
+    return {
+        f"grad/{name}/groups": float(groups),
+        f"grad/{name}/samples": float(non_empty[rows].sum()),
+        f"grad/{name}/tokens": float(mask[rows].sum()),
+    }
+
+
+def _global_norm(tensors: list[torch.Tensor]) -> float:
+    return float(torch.nn.utils.get_total_norm(tensors)) if tensors else 0.0
+
+
+@contextlib.contextmanager
+def _untouched(module: L.LightningModule) -> Iterator[None]:
+    """Set the parameters' gradients aside and restore them, and every random state, on exit."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    held = [p.grad for p in params]
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = (
+        [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    )
+    try:
+        with torch.random.fork_rng(devices=devices):
+            for p in params:
+                p.grad = None
+            yield
+    finally:
+        for p, g in zip(params, held):
+            p.grad = g
+        random.setstate(py_state)
+        np.random.set_state(np_state)
