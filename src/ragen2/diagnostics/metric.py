@@ -19,8 +19,10 @@ class MIMetric(Metric):
     state, so dtype casts and device moves of the LightningModule leave it alone). Own one metric
     per pair-sampling family (first-turn, trajectory, turn t) so that each has its own EMA.
 
-    Columns are rank-local prompts, so gathering rows across ranks would misalign them:
-    ``sync_on_compute`` defaults to False; each rank reports its own batch.
+    Columns are the prompts of the rows it is given, so torchmetrics' gathering of stored rows across
+    ranks would misalign them: ``sync_on_compute`` defaults to False. Under DDP/FSDP, ``MIDiagnostics``
+    all-gathers the (X, Z) rows *before* cross-scoring instead, so every rank updates its metric with the
+    same pass and holds the same EMA.
     """
 
     full_state_update = False
