@@ -9,13 +9,19 @@ The reference runs one full forward of ``x_j + z_r`` per pair: C·R sequences of
   sorted order of their contexts, each context starts from the previous one's cache cut to their
   longest common prefix and runs only the tokens after it: every node of the contexts' prefix
   tree is encoded once (the shared system prompt included);
-* a prompt's context is the prompt minus its last token; each reasoning batch feeds
-  ``[x_last, z_1 … z_{n−1}]`` against that cache, expanded along the batch, so a reasoning costs
-  exactly |z| positions per column and a prompt that is a prefix of another needs no special case.
+* a prompt's context is the prompt minus its last token; each reasoning is the segment
+  ``[x_last, z_1 … z_{n−1}]`` at positions ``|context| …``, so it costs exactly |z| positions per
+  column and a prompt that is a prefix of another needs no special case;
+* a column's segments are packed side by side into one batch-1 sequence (chunks of at most
+  ``max_batch_tokens`` positions) under a block mask: each segment sees the cache and itself. A
+  batch of right-padded rows against a cache expanded along the batch ran padding, copied the cache
+  once per row in every layer and computed logits it threw away; on the built-in model on CPU it
+  ran ~1.8× slower per position than the naive scorer (bench/bench_cross_scoring.py).
 
-Cost: ``Σ |prefix-tree nodes| + C·Σ_unique |z|`` positions (plus right-padding inside batches).
-Only full-attention decoders whose cache layers are plain ``DynamicLayer``s are supported; others
-raise (use ``naive_cross_score``).
+Cost: ``Σ |prefix-tree nodes of the contexts| + C·Σ_unique |z|`` positions, never more than
+``token_bound`` (``CrossScores.token_bound``: the prompts' prefix tree plus C·Σ_r |z_r|); below it when
+reasonings repeat. Only full-attention decoders whose cache layers are plain ``DynamicLayer``s are
+supported; others raise (use ``naive_cross_score``).
 """
 
 from collections.abc import Sequence
@@ -40,6 +46,7 @@ class CrossScores:
     prompt_index: Tensor  # [R] long, column of row r's own prompt
     prompts: list[tuple[int, ...]]  # [C] distinct prompt ids, in order of first appearance
     tokens_processed: int  # token positions the model ran forward on (padding included)
+    token_bound: int  # the minimum: Σ unique prefix tokens of the prompts + C·Σ_r |z_r|
 
 
 def _validate_rows(rows: Sequence[tuple[Sequence[int], Sequence[int]]], vocab_size: int) -> list[Row]:
@@ -70,16 +77,20 @@ def _index(items: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], Ten
     return list(position), torch.tensor(index, dtype=torch.long)
 
 
-def _token_logprob_sums(logits: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
-    """Σ over valid positions of log softmax(logits)[target]; [B, T, V], [B, T], [B, T] -> [B].
+def _target_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[target] per position; [T, V], [T] -> [T] float32.
 
-    Gathers the target's logit and subtracts the logsumexp: no [B, T, V] log-softmax copy and no
+    Gathers the target's logit and subtracts the logsumexp: no [T, V] log-softmax copy and no
     full-vocabulary entropy.
     """
-    picked = logits[valid].float()
-    logp = picked.gather(-1, targets[valid][:, None]).squeeze(-1) - torch.logsumexp(picked, dim=-1)
+    logits = logits.float()
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _token_logprob_sums(logits: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
+    """Σ over valid positions of log softmax(logits)[target]; [B, T, V], [B, T], [B, T] -> [B]."""
     per_position = torch.zeros(valid.shape, dtype=torch.float32, device=logits.device)
-    per_position[valid] = logp
+    per_position[valid] = _target_logprobs(logits[valid], targets[valid])
     return per_position.sum(dim=1)
 
 
@@ -92,53 +103,77 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _batches(
-    lengths: Sequence[int], order: Sequence[int], past: int, max_batch_tokens: int
-) -> list[list[int]]:
-    """Greedy batches over ``order`` (longest first) with B·(past + longest) <= max_batch_tokens.
+def token_bound(prompts: Sequence[tuple[int, ...]], num_tokens: Sequence[int]) -> int:
+    """The fewest positions any scorer runs: every node of the prompts' prefix tree once (a shared
+    prefix counts once) plus every row's |z| under every column, Σ_j Σ_r |z_r|.
 
-    The budget counts the key/value positions a batch holds, since the expanded cache is copied per
-    row; a batch has at least one row whatever the budget.
+    In sorted order a prompt's longest common prefix with any earlier prompt is the one it shares
+    with its predecessor, so the tree's nodes are Σ (|p| − lcp(p, predecessor)).
     """
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * (past + lengths[batches[-1][0]]) <= max_batch_tokens:
-            batches[-1].append(i)
+    nodes, previous = 0, ()
+    for p in sorted(prompts):
+        nodes += len(p) - _common_prefix_len(previous, p)
+        previous = p
+    return nodes + len(prompts) * sum(num_tokens)
+
+
+def _chunks(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups of items whose lengths sum to at most ``max_batch_tokens`` (at least one each)."""
+    chunks: list[list[int]] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if chunks and used + n <= max_batch_tokens:
+            chunks[-1].append(i)
+            used += n
         else:
-            batches.append([i])
-    return batches
+            chunks.append([i])
+            used = n
+    return chunks
+
+
+def _packed_mask(lengths: Sequence[int], past: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Additive [1, 1, T, past + T] mask: every segment sees the whole cache and itself, causally."""
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    causal = torch.ones(len(segment), len(segment), dtype=torch.bool).tril()
+    allowed = torch.cat(
+        [torch.ones(len(segment), past, dtype=torch.bool), causal & (segment[:, None] == segment[None, :])],
+        dim=1,
+    )
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
 
 
 def _score_column(
     model: PreTrainedModel, kv: KV | None, last: int, zs: Sequence[tuple[int, ...]], max_batch_tokens: int
 ) -> tuple[Tensor, int]:
-    """Σ log π(z | prompt) for each z, from the cache of the prompt minus its last token ``last``."""
+    """Σ log π(z | prompt) for each z, from the cache of the prompt minus its last token ``last``.
+
+    The reasonings are packed side by side into one batch-1 sequence per chunk of
+    ``max_batch_tokens`` positions, each segment ``[last, z_1 … z_{n−1}]`` at positions
+    ``past … past + n − 1`` under a block mask. Against a batch of rows this runs no padding,
+    copies the cache once per chunk instead of once per row, and every logit it computes is used.
+    """
     device = model.device
+    dtype = model.get_input_embeddings().weight.dtype
     past = cache_len(kv)
-    lengths = [len(z) for z in zs]
-    order = sorted(range(len(zs)), key=lambda i: -lengths[i])  # longest first: little padding
     sums = torch.zeros(len(zs), dtype=torch.float32)
     processed = 0
-    for batch in _batches(lengths, order, past, max_batch_tokens):
-        width = lengths[batch[0]]
-        inputs = torch.zeros(len(batch), width, dtype=torch.long)
-        targets = torch.zeros(len(batch), width, dtype=torch.long)
-        valid = torch.zeros(len(batch), width, dtype=torch.bool)
-        for b, i in enumerate(batch):
-            z = zs[i]
-            inputs[b, : len(z)] = torch.tensor((last, *z[:-1]))
-            targets[b, : len(z)] = torch.tensor(z)
-            valid[b, : len(z)] = True
-        attention = torch.cat([torch.ones(len(batch), past, dtype=torch.long), valid.long()], dim=1)
+    for chunk in _chunks([len(z) for z in zs], max_batch_tokens):
+        lengths = [len(zs[i]) for i in chunk]
+        inputs = torch.tensor([t for i in chunk for t in (last, *zs[i][:-1])], device=device)
+        targets = torch.tensor([t for i in chunk for t in zs[i]], device=device)
+        positions = torch.cat([torch.arange(past, past + n) for n in lengths]).to(device)
         logits = model(
-            input_ids=inputs.to(device),
-            attention_mask=attention.to(device),
-            position_ids=torch.arange(past, past + width, device=device).expand(len(batch), -1),
-            past_key_values=as_cache(kv, len(batch)),
+            input_ids=inputs[None],
+            attention_mask=_packed_mask(lengths, past, dtype, device),
+            position_ids=positions[None],
+            past_key_values=as_cache(kv, 1),
             use_cache=True,
-        ).logits
-        sums[batch] = _token_logprob_sums(logits, targets.to(device), valid.to(device)).cpu()
-        processed += len(batch) * width
+        ).logits[0]
+        segment = torch.repeat_interleave(torch.arange(len(chunk)), torch.tensor(lengths)).to(device)
+        per_segment = torch.zeros(len(chunk), device=device)
+        sums[chunk] = per_segment.index_add_(0, segment, _target_logprobs(logits, targets)).cpu()
+        processed += len(targets)
     return sums, processed
 
 
@@ -154,14 +189,15 @@ def cross_score(
     model: PreTrainedModel,
     rows: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int = 512,
     common_prefix: bool = True,
 ) -> CrossScores:
     """Score every row's reasoning Z under every distinct prompt X with KV-cache reuse.
 
-    rows: (prompt_ids X, reasoning_ids Z) pairs, both non-empty. ``max_batch_tokens`` bounds
-    B·(cached + new positions) per reasoning batch; a batch's logits are [B, longest Z, vocab], so
-    lower it for large vocabularies on small devices. ``common_prefix=False`` encodes each distinct
+    rows: (prompt_ids X, reasoning_ids Z) pairs, both non-empty. ``max_batch_tokens`` bounds the
+    reasoning positions packed into one forward (a longer reasoning runs alone): its logits are
+    [max_batch_tokens, vocab] and its attention [max_batch_tokens, cached + max_batch_tokens], so
+    larger chunks feed the matrix products better but spend more attention on masked pairs. ``common_prefix=False`` encodes each distinct
     prompt from scratch instead of sharing prefixes across prompts (for the cost benchmark).
     Runs under ``torch.no_grad()`` in eval mode; the model's train/eval mode is restored.
     """
@@ -203,6 +239,7 @@ def cross_score(
         prompt_index=prompt_index,
         prompts=prompts,
         tokens_processed=processed,
+        token_bound=token_bound(prompts, [len(z) for _, z in clean]),
     )
 
 
@@ -254,4 +291,5 @@ def naive_cross_score(
         prompt_index=prompt_index,
         prompts=prompts,
         tokens_processed=processed,
+        token_bound=token_bound(prompts, [len(z) for _, z in clean]),
     )

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ragen2.agent.reasoning import reasoning_ids as extract_reasoning
-from ragen2.diagnostics.cross_scoring import CrossScores, cross_score, naive_cross_score
+from ragen2.diagnostics.cross_scoring import CrossScores, cross_score, naive_cross_score, token_bound
 from ragen2.diagnostics.mi import mi_metrics
 
 
@@ -50,7 +50,8 @@ def test_cached_equals_naive(model: LlamaForCausalLM) -> None:
     assert bool((naive.logp_sum < 0).all())
     _assert_same(cross_score(model, ROWS), naive)
     _assert_same(cross_score(model, ROWS, common_prefix=False), naive)
-    _assert_same(cross_score(model, ROWS, max_batch_tokens=1), naive)
+    _assert_same(cross_score(model, ROWS, max_batch_tokens=1), naive)  # every Z alone
+    _assert_same(cross_score(model, ROWS, max_batch_tokens=7), naive)  # chunks of 2–3 packed Z
     _assert_same(naive_cross_score(model, ROWS, batch_size=3), naive)
 
 
@@ -68,8 +69,20 @@ def test_tokens_processed(model: LlamaForCausalLM) -> None:
     assert cross_score(model, ROWS, max_batch_tokens=1, common_prefix=False).tokens_processed == 94 + 80
     # Naive, one pair per forward: Σ_j Σ_r (|x_j| + |z_r|) = 7·(33 + 32 + 32 + 1) + 4·21 = 770.
     assert naive_cross_score(model, ROWS).tokens_processed == 770
-    # With the default budget each column's six reasonings run as one batch padded to 6: 4·36.
-    assert cross_score(model, ROWS).tokens_processed == 33 + 144
+    # Packed, the default budget runs each column's six reasonings in one forward, without padding.
+    assert cross_score(model, ROWS).tokens_processed == 33 + 80
+    assert cross_score(model, ROWS, max_batch_tokens=7).tokens_processed == 33 + 80
+
+
+def test_token_bound(model: LlamaForCausalLM) -> None:
+    # Prefix tree of the prompts: X1 33 nodes, X3 inside X1 0, X2 2 beyond the shared SYSTEM, X4 1 = 36;
+    # every row's Z under every column: 4·(3 + 1 + 6 + 3 + 2 + 1 + 5) = 84.
+    for scores in (cross_score(model, ROWS), naive_cross_score(model, ROWS)):
+        assert scores.token_bound == 36 + 84
+    # the cached scorer runs the contexts (prompts minus their last token, which opens every segment)
+    # and each distinct Z once per column: never above the bound
+    assert cross_score(model, ROWS).tokens_processed <= 120
+    assert token_bound([(1, 2, 3)], [4, 4]) == 3 + 8
 
 
 def test_scores_feed_mi_metrics(model: LlamaForCausalLM) -> None:
