@@ -19,11 +19,12 @@ buckets ignore), and a bucket is one mini-batch (micro-batched under the module'
 
 Nothing of the run changes: gradients already held by the parameters are set aside and put back, the
 optimizer is never touched, and the torch (CPU and CUDA), Python and NumPy random states are restored,
-so a run gives the same ``train/*`` numbers with the callback on or off. Under several ranks each rank
-measures the groups it holds.
+so a run gives the same ``train/*`` numbers with the callback on or off. One process only: under several
+ranks the pass is skipped with a warning (buckets would hold one rank's groups, and FSDP's sharded
+forwards must run in step on every rank).
 
-Cost: per pass, one forward and one backward over the whole batch per term (three of each with a KL
-term, two without), i.e. about 2–3 times an update epoch's compute, and one extra gradient-sized buffer.
+Cost: per pass, one forward and one backward over every row of the batch per term (two terms, three with
+KL in the loss), against the update's one over the kept rows; one extra gradient-sized buffer.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class GradientBuckets(L.Callback):
         self.every_n_iterations = every_n_iterations
         self.num_buckets = num_buckets
         self.plot = plot
+        self._warned = False
 
     def due(self, iteration: int) -> bool:
         every = self.every_n_iterations
@@ -92,6 +94,15 @@ class GradientBuckets(L.Callback):
             and isinstance(pl_module, PolicyModule)
             and self.due(batch.iteration)
         ):
+            return
+        if trainer.world_size > 1:
+            if not self._warned:
+                log.warning(
+                    "callbacks.gradient_buckets: skipped under %d ranks (each rank would bucket only its own "
+                    "groups, and sharded forwards must run in step on every rank); run it on one device",
+                    trainer.world_size,
+                )
+                self._warned = True
             return
         metrics = self.measure(pl_module, batch)
         batch.metrics.update(metrics)
@@ -137,12 +148,16 @@ class GradientBuckets(L.Callback):
         out.update(_counts(ALL, everything, len(variance), mask, non_empty))
         out[f"grad/{ALL}/rv_mean"] = float(variance.mean())
         params = [p for p in module.policy.parameters() if p.requires_grad]
+        present: set[str] | None = None  # the LossTerms fields this configuration has, from the first forward
         for term, field in _FIELDS.items():
+            if present is not None and field not in present:
+                continue  # no such term (no KL in the loss; a critic warm-up has no policy terms)
             total: list[torch.Tensor] | None = None  # Σ_b ∇S_b, the summed term of all groups
             for name, rows in buckets:
-                present = _backward_bucket(module, shaped, rows, inputs, field, token_level)
-                if not present:
-                    break  # the configuration has no such term (no KL in the loss, a critic warm-up)
+                fields = _backward_bucket(module, shaped, rows, inputs, field, token_level)
+                present = fields if present is None else present
+                if field not in present:
+                    break
                 units = _units(mask, rows, non_empty, token_level)
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
                 summed = units * _global_norm(grads)
@@ -197,16 +212,19 @@ def _backward_bucket(
     inputs: UpdateInputs,
     field: str,
     token_level: bool,
-) -> bool:
-    """Accumulate ∇L_b of one loss term into the parameters' ``.grad``; False if the term is absent."""
+) -> set[str]:
+    """Accumulate ∇L_b of one loss term into the parameters' ``.grad``; returns the LossTerms fields that
+    the module's loss has (when ``field`` is not among them, nothing was back-propagated)."""
     lengths = batch.attention_mask[rows].sum(-1).tolist()
+    present: set[str] = set()
     for part in micro_batches(lengths, module.algo.max_tokens_per_micro_batch):
         idx = rows[torch.tensor(part)]
-        term = getattr(module.loss_terms(batch, idx, inputs, batch.iteration), field)
-        if term is None:
-            return False
-        (term * micro_batch_share(batch.loss_mask, idx, rows, token_level)).backward()
-    return True
+        terms = module.loss_terms(batch, idx, inputs, batch.iteration)
+        present = {f for f in _FIELDS.values() if getattr(terms, f) is not None}
+        if field not in present:
+            return present
+        (getattr(terms, field) * micro_batch_share(batch.loss_mask, idx, rows, token_level)).backward()
+    return present
 
 
 def _units(mask: torch.Tensor, rows: torch.Tensor, non_empty: torch.Tensor, token_level: bool) -> float:

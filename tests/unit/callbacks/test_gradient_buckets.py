@@ -98,26 +98,15 @@ def _kl_grad_norm(module: PolicyModule, batch: RolloutBatch, rows: torch.Tensor)
     return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads if g is not None])))
 
 
-def test_kl_gradient_of_a_perturbed_policy_matches_an_independent_computation(tmp_path: Path) -> None:
+def test_kl_gradient_of_a_perturbed_policy_matches_an_independent_computation_and_nothing_moves(
+    tmp_path: Path,
+) -> None:
     module = make_module(tmp_path, "algo=grpo", "algo.kl_coef=0.1", "algo.kl_kind=low_var_kl")
+    params = [p for p in module.policy.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # π ≠ π_ref: at π = π_ref the k3 gradient is 0 and would prove nothing
-        for p in module.policy.parameters():
+        for p in params:
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    returns = [[s * r for r in (1.0, 0.0, 1.0, 0.0)] for s in (0.0, 2.0, 1.0)]  # q1 = group 0, q3 = group 1
-    batch = make_batch(returns)
-    out = GradientBuckets(every_n_iterations=1, num_buckets=3).measure(module, batch)
-    assert out["grad/q1/kl"] > 1e-4
-    group0 = torch.arange(K)
-    assert out["grad/q1/kl"] == pytest.approx(_kl_grad_norm(module, batch, group0), rel=1e-4)
-    everything = torch.arange(3 * K)
-    assert out["grad/all/kl"] == pytest.approx(_kl_grad_norm(module, batch, everything), rel=1e-4)
-
-
-def test_parameters_gradients_and_random_states_are_left_as_they_were(tmp_path: Path) -> None:
-    module = make_module(tmp_path, "algo=grpo", "algo.kl_coef=0.1")
-    params = [p for p in module.policy.parameters() if p.requires_grad]
-    gen = torch.Generator().manual_seed(1)
     for p in params[::2]:  # some parameters hold a gradient from the last step, others none
         p.grad = torch.randn(p.shape, generator=gen)
     held = [(p.grad, None if p.grad is None else p.grad.clone()) for p in params]
@@ -126,14 +115,22 @@ def test_parameters_gradients_and_random_states_are_left_as_they_were(tmp_path: 
     np.random.seed(5)
     torch.manual_seed(5)
     states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
-    out = GradientBuckets(every_n_iterations=1).measure(module, make_batch([[0, 1, 0, 1], [1, 1, 0, 0]]))
-    assert out["grad/all/task"] > 0
+    returns = [[s * r for r in (1.0, 0.0, 1.0, 0.0)] for s in (0.0, 2.0, 1.0)]  # q1 = group 0, q3 = group 1
+    batch = make_batch(returns)
+    out = GradientBuckets(every_n_iterations=1, num_buckets=3).measure(module, batch)
+    # parameters, their gradients (the same tensors) and every random state as they were
     assert all(torch.equal(p, w) for p, w in zip(params, weights))
     for p, (obj, value) in zip(params, held):
         assert p.grad is obj and (value is None or torch.equal(p.grad, value))
     assert random.getstate() == states[0]
     assert np.array_equal(np.random.get_state()[1], states[1])
     assert torch.equal(torch.get_rng_state(), states[2])
+    # the KL term: one bucket and all of them, against the models' own logits
+    for p in params:
+        p.grad = None
+    assert out["grad/q1/kl"] > 1e-4 and out["grad/q1/task"] == 0.0 and out["grad/q3/task"] > 0
+    assert out["grad/q1/kl"] == pytest.approx(_kl_grad_norm(module, batch, torch.arange(K)), rel=1e-4)
+    assert out["grad/all/kl"] == pytest.approx(_kl_grad_norm(module, batch, torch.arange(3 * K)), rel=1e-4)
 
 
 @pytest.mark.parametrize(
