@@ -86,7 +86,10 @@ BAD = [
     (["model.dtype=float64"], r"model\.dtype='float64' is not supported\. Fix: one of bfloat16"),
     (["diagnostics.num_samples=1"], r"diagnostics\.num_samples=1: .*Fix"),
     (["diagnostics.every_n_iterations=-1"], r"diagnostics\.every_n_iterations=-1 .*Fix"),
-    (["trainer.devices=2"], r"trainer\.devices=2 .*Fix: trainer\.devices=1"),
+    (["trainer.devices=2"], r"trainer\.devices=2, .*strategy=None.*Fix: trainer=ddp or trainer=fsdp"),
+    (["trainer.devices=auto"], r"trainer\.devices='auto'.*Fix: trainer\.devices=1"),
+    (["trainer=ddp", "trainer.devices=3"], r"rollout\.groups=4 does not divide among 3 ranks.*Fix"),
+    (["trainer=fsdp"], r"rollout\.sampler=ragen2\.rollout\.hf\.HFSampler with trainer=fsdp.*Fix: rollout=vllm"),
     (["iterations=0"], r"iterations=0 must be ≥ 1"),
 ]
 # a typo in a group name: Hydra's own error names the group, the value and the options there are

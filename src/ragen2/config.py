@@ -29,6 +29,9 @@ OmegaConf.register_new_resolver(
     "ragen2.cap", lambda value, cap: value if cap is None else min(value, cap), replace=True
 )
 
+# ${ragen2.is_set:${algo.critic}}: whether a node is set (DDP looks for unused parameters only with a critic)
+OmegaConf.register_new_resolver("ragen2.is_set", lambda node: node is not None, replace=True)
+
 CONF_DIR = Path(os.environ.get("RAGEN2_CONF", Path(__file__).resolve().parents[2] / "conf"))
 
 #: keys that moved: old -> (new, why)
@@ -135,7 +138,7 @@ def build(node: Any, **kwargs: Any) -> Any:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks before anything is built: keys that moved, the run length, the device count."""
+    """Checks before anything is built: keys that moved, the run length, the ranks."""
     for old in MOVED:
         parent, _, leaf = old.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg
@@ -143,12 +146,47 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{_moved(old)} (a config file sets {old})")
     if int(cfg.iterations) < 1:
         raise ConfigError(f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch)")
-    devices = cfg.trainer.get("devices", 1)
-    if devices not in (1, "1") or int(cfg.trainer.get("num_nodes", 1)) != 1:
+    _check_ranks(cfg)
+
+
+#: strategies that train data-parallel with one global filter (conf/trainer/ddp.yaml, fsdp.yaml)
+DATA_PARALLEL = (
+    "lightning.pytorch.strategies.DDPStrategy",
+    "lightning.pytorch.strategies.ModelParallelStrategy",
+)
+SHARDED = "lightning.pytorch.strategies.ModelParallelStrategy"
+
+
+def _check_ranks(cfg: DictConfig) -> None:
+    """The device count, the strategy and the rollout backend must fit together (``ragen2.distributed``)."""
+    trainer = cfg.trainer
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         raise ConfigError(
-            f"trainer.devices={devices} (num_nodes={cfg.trainer.get('num_nodes', 1)}): one process only for "
-            "now. Several ranks would each filter their own groups and take different numbers of optimizer "
-            "steps, which hangs collectives. Fix: trainer.devices=1."
+            f"trainer.devices={devices!r}: give a number of processes per node (the global group count "
+            "is split among them). Fix: trainer.devices=1, or trainer=ddp trainer.devices=2"
+        )
+    strategy = trainer.get("strategy")
+    target = strategy.get("_target_") if isinstance(strategy, DictConfig) else strategy
+    world = devices * int(nodes)
+    if world > 1 and target not in DATA_PARALLEL:
+        raise ConfigError(
+            f"trainer.devices={devices}, trainer.num_nodes={nodes} with trainer.strategy={target!r}: several "
+            "ranks train only with the strategies that share one SNR filter and equal optimizer steps. "
+            "Fix: trainer=ddp or trainer=fsdp (then trainer.devices=N)"
+        )
+    groups = int(cfg.rollout.groups)
+    if groups % world:
+        raise ConfigError(
+            f"rollout.groups={groups} does not divide among {world} ranks (trainer.devices × num_nodes): "
+            f"each rank rolls out an equal share. Fix: rollout.groups a multiple of {world}"
+        )
+    sampler = str(OmegaConf.select(cfg, "rollout.sampler._target_", default=""))
+    if target == SHARDED and sampler.endswith("HFSampler"):
+        raise ConfigError(
+            f"rollout.sampler={sampler} with trainer=fsdp: HF generate stops early on some ranks, and every "
+            "forward of a sharded model is a collective, so the ranks would hang. Fix: rollout=vllm "
+            "(or rollout=scripted), or trainer=ddp"
         )
 
 

@@ -18,9 +18,14 @@ verl's multi-turn GAE. Departures from verl / the reference:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["bilevel_gae", "gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo", "whiten"]
+__all__ = ["bilevel_gae", "gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo", "same", "whiten"]
+
+#: sums a tensor over data-parallel ranks (``ragen2.distributed.Ranks.sum``); ``same`` for one process
+Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _group_stats(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -87,17 +92,26 @@ def _check_token_inputs(mask: torch.Tensor, **tensors: torch.Tensor) -> torch.Te
     return m
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def same(x: torch.Tensor) -> torch.Tensor:
+    """The ``reduce`` of one process: statistics over this batch alone."""
+    return x
+
+
+def whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8, reduce: Reduce = same
+) -> torch.Tensor:
     """(x − μ)/sqrt(σ² + eps) over masked entries (σ² Bessel-corrected), as verl `masked_whiten`.
 
-    shift_mean=False adds μ back. Entries outside the mask are 0.
+    shift_mean=False adds μ back. Entries outside the mask are 0. ``reduce`` sums a tensor over the
+    data-parallel ranks, so that μ and σ² are those of every rank's rows.
     """
     if x.shape != mask.shape:
         raise ValueError(f"whiten: x {tuple(x.shape)} and mask {tuple(mask.shape)} must match")
     m = mask.to(x.dtype)
-    n = m.sum()
-    mean = (x * m).sum() / n.clamp(min=1.0)
-    var = ((x - mean).square() * m).sum() / (n - 1).clamp(min=1.0)
+    total = reduce(torch.stack([(x * m).sum(), m.sum()]))
+    n = total[1]
+    mean = total[0] / n.clamp(min=1.0)
+    var = reduce(((x - mean).square() * m).sum()) / (n - 1).clamp(min=1.0)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
@@ -105,7 +119,7 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: fl
 
 
 def reinforce_pp(
-    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, reduce: Reduce = same
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted returns-to-go over response tokens [B, T], whitened over the batch.
 
@@ -120,11 +134,11 @@ def reinforce_pp(
         running = mf[:, t] * (token_rewards[:, t] + gamma * running) + (1 - mf[:, t]) * running
         returns[:, t] = running
     returns = returns * mf
-    return whiten(returns, m), returns
+    return whiten(returns, m, reduce=reduce), returns
 
 
 def reinforce_pp_baseline(
-    scores: torch.Tensor, group_index: torch.Tensor, mask: torch.Tensor
+    scores: torch.Tensor, group_index: torch.Tensor, mask: torch.Tensor, reduce: Reduce = same
 ) -> torch.Tensor:
     """REINFORCE++-baseline: R − mean_g broadcast to response tokens, whitened over the batch -> [B, T].
 
@@ -136,7 +150,7 @@ def reinforce_pp_baseline(
     centred = scores.to(torch.float64) - torch.where(count > 1, mean, torch.zeros_like(mean))  # [B]
     m = mask.to(torch.bool)
     tokens = centred.to(scores.dtype).unsqueeze(-1).expand(mask.shape) * m  # [B, T]
-    return whiten(tokens, m)
+    return whiten(tokens, m, reduce=reduce)
 
 
 def gae(

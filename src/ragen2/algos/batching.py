@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["micro_batch_share", "micro_batches", "minibatch_order"]
+__all__ = ["local_rows", "micro_batch_share", "micro_batches", "minibatch_order", "row_weights"]
 
 
 def minibatch_order(n: int, size: int, epochs: int, seed: int) -> list[list[torch.Tensor]]:
@@ -38,15 +38,26 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
+def row_weights(loss_mask: torch.Tensor, token_level: bool) -> torch.Tensor:
+    """[B] each row's weight in a mini-batch's loss: its loss tokens (a token-level mean) or 1 per
+    non-empty row (sequence-level means)."""
+    counts = loss_mask.sum(-1)
+    return counts if token_level else (counts > 0).to(loss_mask.dtype)
+
+
 def micro_batch_share(
     loss_mask: torch.Tensor,  # [B, T]
     rows: torch.Tensor,  # [b] the micro-batch's rows
     minibatch: torch.Tensor,  # [m] its mini-batch's rows
     token_level: bool,
 ) -> float:
-    """The micro-batch's weight in its mini-batch's loss: its share of the tokens (a token-level mean)
-    or of the non-empty rows (sequence-level means)."""
-    if token_level:
-        return float(loss_mask[rows].sum()) / max(float(loss_mask[minibatch].sum()), 1.0)
-    non_empty = (loss_mask.sum(-1) > 0).float()
-    return float(non_empty[rows].sum()) / max(float(non_empty[minibatch].sum()), 1.0)
+    """The micro-batch's weight in its mini-batch's loss: its share of the ``row_weights``."""
+    weights = row_weights(loss_mask, token_level)
+    return float(weights[rows].sum()) / max(float(weights[minibatch].sum()), 1.0)
+
+
+def local_rows(minibatch: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """The rows of a mini-batch of global row ids that this rank holds (global ids first … first +
+    count − 1, ranks in order), as local ids, in the mini-batch's order."""
+    mine = (minibatch >= first) & (minibatch < first + count)
+    return minibatch[mine] - first

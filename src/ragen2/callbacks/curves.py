@@ -18,6 +18,7 @@ MAIN_CURVES = (
     "diag/first_turn/retrieval_acc",
     "diag/first_turn/mi_est",
     "diag/first_turn/cond_entropy",
+    "diag/regime",
     "train/pg_loss",
     "train/entropy",
     "rollout/reasoning_length",

@@ -19,6 +19,7 @@ KEYS = (
     ("steps", "train/optimizer_steps", "{:.0f}"),
     ("mi", "diag/first_turn/mi_est", "{:+.3f}"),
     ("retr", "diag/first_turn/retrieval_acc", "{:.2f}"),
+    ("regime", "diag/regime", "{:.0f}"),
     ("rollout_s", "time/rollout", "{:.0f}"),
     ("update_s", "time/update", "{:.0f}"),
 )
@@ -29,6 +30,8 @@ class IterationSummary(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        metrics = pl_module.last_metrics if isinstance(pl_module, ReportsMetrics) else {}
+        metrics = dict(pl_module.last_metrics) if isinstance(pl_module, ReportsMetrics) else {}
+        # callbacks that log on their own (the collapse monitor's diag/regime) land in callback_metrics
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k == "diag/regime"})
         parts = [f"{name} {fmt.format(metrics[key])}" for name, key, fmt in KEYS if key in metrics]
         log.info("iteration %d: %s", trainer.current_epoch, " | ".join(parts))

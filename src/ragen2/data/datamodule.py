@@ -6,13 +6,19 @@ mask. The batch keeps every group (diagnostics read the unfiltered batch); the m
 kept ones. Instance seeds, sampler seeds and everything random here derive from (seed, iteration,
 rank, round), so a run resumed from ``last.ckpt`` rolls out exactly what an uninterrupted run would.
 
+Across data-parallel ranks (``ragen2.distributed``), ``rollout.groups`` is the iteration's global count:
+each rank rolls out its ``groups / world`` share (global group g has the same instance seed whatever
+the world size), the group scores are gathered and the SNR filter makes one selection over all of
+them, and each rank keeps its own slice. ``rollout/*`` and ``filter/*`` describe the whole iteration.
+
 Optional DAPO data steps (METHOD.md §6), both off by default:
 - ``shaping`` (``OverlongShaping``) gives each round's collation its per-turn terms: overlong penalty
   per turn, truncated turns out of the loss mask.
 - ``sampling`` (``DynamicSampling``) rolls out further rounds of fresh instances, dropping groups whose
-  (shaped) returns are all equal, until ``groups`` groups are found or ``max_rounds`` are spent. A short
-  batch trains on what was found; when nothing was found the batch holds the last round's groups with
-  ``keep`` all False, so diagnostics still see them and the module takes its "kept no group" path.
+  (shaped) returns are all equal, until ``groups`` groups are found over all ranks or ``max_rounds``
+  are spent. A short batch trains on what was found; a rank that found nothing (every rank, when
+  nothing was found anywhere) holds its last round's groups with ``keep`` all False, so diagnostics
+  still see them and the module pads its passes with them.
 The SNR filter then runs on the resulting batch, as without dynamic sampling.
 """
 
@@ -40,6 +46,7 @@ from ragen2.data.metrics import rollout_metrics
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.shaping import OverlongShaping
+from ragen2.distributed import Ranks
 from ragen2.models.loading import load_tokenizer
 from ragen2.rollout.base import Sampler
 
@@ -124,6 +131,18 @@ class RolloutDataModule(L.LightningDataModule):
         return self.rollout_cfg.groups
 
     @property
+    def local_groups(self) -> int:
+        """Groups this rank rolls out per round: its share of ``groups``."""
+        ranks = self._ranks()
+        if self.groups % ranks.world:
+            raise ConfigError(
+                f"rollout.groups={self.groups} does not divide among {ranks.world} ranks: each rank rolls "
+                f"out an equal share of the iteration's groups. Fix: rollout.groups a multiple of "
+                f"{ranks.world}, or trainer.devices dividing {self.groups}."
+            )
+        return self.groups // ranks.world
+
+    @property
     def group_size(self) -> int:
         """Rollouts per group (``rollout.group_size``)."""
         return self.rollout_cfg.group_size
@@ -144,42 +163,37 @@ class RolloutDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Settings come from the config; the saved ones only document the run."""
 
-    def _rank(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    def _ranks(self) -> Ranks:
+        return Ranks.current() if self.trainer is not None else Ranks()
 
     def _policy(self) -> Any:
         module = None if self.trainer is None else self.trainer.lightning_module
         return module.policy if isinstance(module, HoldsPolicy) else None
 
     def _resample_slot(self, iteration: int, round: int) -> int:
-        """A distinct index per (iteration, rank, round ≥ 1): max_rounds − 1 slots per (iteration, rank)."""
+        """A distinct index per (iteration, round ≥ 1): max_rounds − 1 slots per iteration."""
         if self.sampling is None or not 1 <= round < self.sampling.max_rounds:
             raise ValueError(
                 f"round {round} does not exist: later rounds need algo.sampling.max_rounds > {round}"
             )
-        rank, world = self._rank()
-        return (iteration * world + rank) * (self.sampling.max_rounds - 1) + round - 1
+        return iteration * (self.sampling.max_rounds - 1) + round - 1
 
     def train_seeds(self, iteration: int, round: int = 0) -> list[int]:
-        """Instance seeds of one round; round 0 is the only round without dynamic sampling."""
-        if round == 0:
-            rank, world = self._rank()
-            first = self.seed * 1_000_003 + (iteration * world + rank) * self.groups
-        else:
-            first = (
-                RESAMPLE_SEED_OFFSET
-                + self.seed * 1_000_003
-                + self._resample_slot(iteration, round) * self.groups
-            )
-        return list(range(first, first + self.groups))
+        """This rank's instance seeds of one round (global groups rank·local … rank·local + local − 1);
+        round 0 is the only round without dynamic sampling."""
+        slot = iteration if round == 0 else self._resample_slot(iteration, round)
+        base = self.seed * 1_000_003 + (0 if round == 0 else RESAMPLE_SEED_OFFSET)
+        local = self.local_groups
+        first = base + slot * self.groups + self._ranks().rank * local
+        return list(range(first, first + local))
 
     def sample_seed(self, iteration: int, round: int = 0) -> int:
-        """The sampler's seed for one round (the runner derives one per turn from it)."""
+        """This rank's sampler seed for one round (the runner derives one per turn from it)."""
+        ranks = self._ranks()
         if round == 0:
-            rank, _ = self._rank()
-            return self.seed * 7919 + iteration * 104_729 + rank
-        return RESAMPLE_SEED_OFFSET + self.seed * 7919 + self._resample_slot(iteration, round)
+            return self.seed * 7919 + iteration * 104_729 + ranks.rank
+        slot = self._resample_slot(iteration, round) * ranks.world + ranks.rank
+        return RESAMPLE_SEED_OFFSET + self.seed * 7919 + slot
 
     # ---- rollouts ---------------------------------------------------------------------------
     def _collate(self, episodes: list[Episode], num_groups: int, iteration: int) -> RolloutBatch:
@@ -197,33 +211,41 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _single(self, iteration: int) -> _Rounds:
         episodes = self._collect(iteration, 0)
+        local = self.local_groups
         return _Rounds(
-            batch=self._collate(episodes, self.groups, iteration),
-            trainable=torch.ones(self.groups, dtype=torch.bool),
+            batch=self._collate(episodes, local, iteration),
+            trainable=torch.ones(local, dtype=torch.bool),
             episodes=[episodes],
-            placed={(0, g): g for g in range(self.groups)},
+            placed={(0, g): g for g in range(local)},
             metrics={},
         )
 
     def _dynamic(self, iteration: int) -> _Rounds:
-        """Rounds of fresh groups until ``groups`` informative ones are found or max_rounds are spent."""
+        """Rounds of fresh groups until ``groups`` informative ones are found over all ranks or max_rounds
+        are spent. Each round takes the first informative groups in global (rank-major) order."""
         assert self.sampling is not None
+        ranks, local = self._ranks(), self.local_groups
+        mine = range(ranks.rank * local, (ranks.rank + 1) * local)  # this rank's global group ids
         rounds: list[list[Episode]] = []
         kept: list[Episode] = []
         placed: dict[tuple[int, int], int] = {}
-        dropped = 0
+        dropped = found = 0
         last: RolloutBatch | None = None
         for r in range(self.sampling.max_rounds):
             episodes = self._collect(iteration, r)
             rounds.append(episodes)
-            last = self._collate(episodes, self.groups, iteration)
-            informative = self.sampling.informative(by_group(last.returns, last.group_index, self.groups))
+            last = self._collate(episodes, local, iteration)
+            informative = ranks.concat(
+                self.sampling.informative(by_group(last.returns, last.group_index, local))
+            )  # [groups], every rank's round
             dropped += int((~informative).sum())
-            found = len(kept) // self.group_size
-            take = informative.nonzero().squeeze(-1).tolist()[: self.groups - found]
-            kept += regroup(episodes, take, first=found)
-            placed.update({(r, g): found + i for i, g in enumerate(take)})
-            if len(kept) // self.group_size == self.groups:
+            taken = informative.nonzero().squeeze(-1).tolist()[: self.groups - found]
+            take = [g - mine.start for g in taken if g in mine]
+            have = len(kept) // self.group_size
+            kept += regroup(episodes, take, first=have)
+            placed.update({(r, g): have + i for i, g in enumerate(take)})
+            found += len(taken)
+            if found == self.groups:
                 break
         assert last is not None
         n_kept = len(kept) // self.group_size
@@ -231,15 +253,38 @@ class RolloutDataModule(L.LightningDataModule):
             "filter/dynamic_rounds": float(len(rounds)),
             "filter/dynamic_groups_sampled": float(len(rounds) * self.groups),
             "filter/dynamic_groups_dropped": float(dropped),
-            "filter/dynamic_groups_kept": float(n_kept),
-            "filter/dynamic_shortfall": float(self.groups - n_kept),
+            "filter/dynamic_groups_kept": float(found),
+            "filter/dynamic_shortfall": float(self.groups - found),
         }
         if n_kept == 0:
-            # Nothing informative: keep the last round's groups for diagnostics, none of them trainable.
-            placed = {(len(rounds) - 1, g): g for g in range(self.groups)}
-            return _Rounds(last, torch.zeros(self.groups, dtype=torch.bool), rounds, placed, metrics)
+            # Nothing informative here: keep the last round's groups for diagnostics (and the update's
+            # padding passes), none of them trainable.
+            placed = {(len(rounds) - 1, g): g for g in range(local)}
+            return _Rounds(last, torch.zeros(local, dtype=torch.bool), rounds, placed, metrics)
         batch = self._collate(kept, n_kept, iteration)
         return _Rounds(batch, torch.ones(n_kept, dtype=torch.bool), rounds, placed, metrics)
+
+    def _select(
+        self, batch: RolloutBatch, trainable: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """(keep [G], scores [G], filter/* stats): one SNR selection over every rank's trainable groups."""
+        ranks = self._ranks()
+        scores = self.filter.scores(batch)
+        anywhere = ranks.any(bool(trainable.any()))
+        pool = (
+            trainable if anywhere else torch.ones_like(trainable)
+        )  # nothing trainable: score all, keep none
+        everyone = ranks.concat(scores[pool])
+        keep_all, stats = self.filter.select(everyone)
+        first, _ = ranks.offset(int(pool.sum()))
+        keep = torch.zeros_like(trainable)
+        keep[pool] = keep_all[first : first + int(pool.sum())]
+        if not anywhere:
+            keep &= trainable
+            stats = filter_stats(everyone, keep_all & False)
+        counts = ranks.gather(int(keep.sum()))
+        stats.update(kept_groups_rank_min=float(min(counts)), kept_groups_rank_max=float(max(counts)))
+        return keep, scores, stats
 
     def rollout(self, iteration: int) -> RolloutBatch:
         """Collect and filter one iteration's batch (also callable from a notebook, without a Trainer)."""
@@ -250,14 +295,12 @@ class RolloutDataModule(L.LightningDataModule):
             self.sampler.sync_weights(policy)
         start = time.perf_counter()
         out = self._single(iteration) if self.sampling is None else self._dynamic(iteration)
-        rollout_s = time.perf_counter() - start
+        rollout_s = max(self._ranks().gather(time.perf_counter() - start))  # the slowest rank's
         batch = out.batch
-        keep, scores, stats = self.filter(batch)
-        if not bool(out.trainable.all()):
-            keep = keep & out.trainable
-            stats = filter_stats(scores, keep)
+        keep, scores, stats = self._select(batch, out.trainable)
         batch.keep, batch.group_scores = keep, scores
-        sampled = [ep for episodes in out.episodes for ep in episodes]
+        # every rank's episodes: the logged numbers describe the whole iteration
+        sampled = [ep for part in self._ranks().gather(out.episodes) for eps in part for ep in eps]
         batch.metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(sampled).items()})
         if self.shaping is not None:
             batch.metrics.update({f"rollout/{k}": v for k, v in self.shaping.metrics(sampled).items()})
@@ -276,7 +319,7 @@ class RolloutDataModule(L.LightningDataModule):
         keep: torch.Tensor,
     ) -> None:
         """Every sampled episode, with its round and whether the update trains on it (group = in-round)."""
-        rank, _ = self._rank()
+        rank = self._ranks().rank
         root = Path(self.output_dir or (self.trainer.default_root_dir if self.trainer else "."))
         root.mkdir(parents=True, exist_ok=True)
         with (root / f"rollouts.rank{rank}.jsonl").open("a") as f:

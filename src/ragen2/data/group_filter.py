@@ -77,10 +77,14 @@ class GroupFilter:
         """Whether the score ranks by the sampler's recorded entropies."""
         return SCORE_INPUTS[self.score] == "entropy"
 
-    def __call__(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """The batch's groups -> (keep [G], scores [G], filter/* stats)."""
+    def scores(self, batch: RolloutBatch) -> torch.Tensor:
+        """[G] the score of each of the batch's groups."""
         values = ROLLOUT_VALUES[SCORE_INPUTS[self.score]](batch)  # [B]
-        scores = group_scores(by_group(values, batch.group_index, batch.num_groups), self.score)
+        return group_scores(by_group(values, batch.group_index, batch.num_groups), self.score)
+
+    def select(self, scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """[G] scores -> (keep [G], filter/* stats): one decision over every group it is given (across
+        ranks, the iteration's gathered scores)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # already warned at construction
             keep = select_groups(
@@ -92,4 +96,10 @@ class GroupFilter:
                 eps=self.eps,
                 largest=self.largest,
             )
-        return keep, scores, filter_stats(scores, keep)
+        return keep, filter_stats(scores, keep)
+
+    def __call__(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """The batch's groups -> (keep [G], scores [G], filter/* stats)."""
+        scores = self.scores(batch)
+        keep, stats = self.select(scores)
+        return keep, scores, stats

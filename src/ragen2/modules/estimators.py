@@ -15,9 +15,8 @@ from typing import ClassVar, NamedTuple, Protocol
 
 import torch
 
-from ragen2.algos.advantages import bilevel_gae, gae, whiten
+from ragen2.algos.advantages import Reduce, bilevel_gae, gae, same, whiten
 from ragen2.algos.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
-from ragen2.algos.logprobs import masked_mean
 from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch
 
@@ -32,7 +31,11 @@ class Advantages(NamedTuple):
 class AdvantageEstimator(Protocol):
     needs_values: ClassVar[bool]
 
-    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages: ...
+    def __call__(
+        self, batch: RolloutBatch, values: torch.Tensor | None = None, reduce: Reduce = same
+    ) -> Advantages:
+        """``reduce`` sums batch statistics over data-parallel ranks (estimators that whiten use it)."""
+        ...
 
 
 def _reward_field(reward: str) -> str:
@@ -62,7 +65,9 @@ class OutcomeAdvantage:
     def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         self.fn = fn
 
-    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
+    def __call__(
+        self, batch: RolloutBatch, values: torch.Tensor | None = None, reduce: Reduce = same
+    ) -> Advantages:
         adv = self.fn(batch.returns, batch.group_index).to(batch.loss_mask.dtype)  # [B]
         return Advantages(adv[:, None] * batch.loss_mask, None)
 
@@ -75,8 +80,10 @@ class GroupTokenAdvantage:
     def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         self.fn = fn
 
-    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
-        return Advantages(self.fn(batch.returns, batch.group_index, batch.loss_mask), None)
+    def __call__(
+        self, batch: RolloutBatch, values: torch.Tensor | None = None, reduce: Reduce = same
+    ) -> Advantages:
+        return Advantages(self.fn(batch.returns, batch.group_index, batch.loss_mask, reduce=reduce), None)
 
 
 class TokenAdvantage:
@@ -92,8 +99,10 @@ class TokenAdvantage:
         self.fn = fn
         self.field = _reward_field(reward)
 
-    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
-        adv, _ = self.fn(getattr(batch, self.field), batch.loss_mask)
+    def __call__(
+        self, batch: RolloutBatch, values: torch.Tensor | None = None, reduce: Reduce = same
+    ) -> Advantages:
+        adv, _ = self.fn(getattr(batch, self.field), batch.loss_mask, reduce=reduce)
         return Advantages(adv, None)
 
 
@@ -131,7 +140,9 @@ class GAEAdvantage:
         self.whiten = whiten_advantages
         self.bilevel = bilevel
 
-    def __call__(self, batch: RolloutBatch, values: torch.Tensor | None = None) -> Advantages:
+    def __call__(
+        self, batch: RolloutBatch, values: torch.Tensor | None = None, reduce: Reduce = same
+    ) -> Advantages:
         if values is None:
             raise ValueError("GAEAdvantage needs the critic's values: use it with algo=ppo (algo.critic set)")
         rewards, mask = getattr(batch, self.field), batch.loss_mask
@@ -142,7 +153,7 @@ class GAEAdvantage:
             if self.bilevel
             else gae(rewards, values, mask, self.gamma, self.lam)
         )
-        return Advantages(whiten(adv, mask) if self.whiten else adv, returns)
+        return Advantages(whiten(adv, mask, reduce=reduce) if self.whiten else adv, returns)
 
 
 class KLInReward:
@@ -161,24 +172,29 @@ class KLInReward:
         self.kind = kind
 
     def __call__(
-        self, batch: RolloutBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor
+        self, batch: RolloutBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor, reduce: Reduce = same
     ) -> tuple[RolloutBatch, dict[str, float]]:
+        """``reduce`` sums over data-parallel ranks: the controller moves on every rank's mean KL."""
         mask = batch.loss_mask
         kl = kl_penalty(old_logp, ref_logp, self.kind) * mask  # [B, T]
         beta = self.controller.value
         penalty = -beta * kl
         seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1.0))[mask.sum(-1) > 0]  # [B'] per-token mean
-        current = float(seq_kl.mean()) if seq_kl.numel() else 0.0
-        self.controller.update(current, n_steps=int(mask.shape[0]))
+        total = reduce(torch.stack([seq_kl.sum(), torch.tensor(float(seq_kl.numel()), dtype=seq_kl.dtype)]))
+        current = float(total[0] / total[1]) if float(total[1]) > 0 else 0.0
+        rows = reduce(torch.tensor(float(mask.shape[0]), dtype=torch.float64))
+        self.controller.update(current, n_steps=int(rows))
         shaped = replace(
             batch,
             token_rewards=batch.token_rewards + penalty,
             turn_rewards=batch.turn_rewards + penalty,
             returns=batch.returns + penalty.sum(-1),
         )
+        rows_kept = (mask.sum(-1) > 0).to(mask.dtype)  # [B] rows with sampled tokens
+        total_pen = reduce(torch.stack([(penalty.sum(-1) * rows_kept).sum(), rows_kept.sum()]))
         stats = {
             "kl_reward/kl": current,
             "kl_reward/coef": beta,
-            "kl_reward/penalty": float(masked_mean(penalty.sum(-1), (mask.sum(-1) > 0).to(mask.dtype))),
+            "kl_reward/penalty": float(total_pen[0] / torch.where(total_pen[1] > 0, total_pen[1], 1.0)),
         }
         return shaped, stats

@@ -21,6 +21,13 @@ advantage estimator, a policy objective and, for PPO, a critic (``ragen2.modules
 are computed only at sampled positions, with the LM head in chunks (``ragen2.algos.logprobs``): the
 49k vocabulary makes full-batch logits gigabytes.
 
+Across data-parallel ranks (DDP, FSDP: ``ragen2.distributed``) each rank trains on its own kept rows,
+and 2 ranks update exactly as 1 rank on the same episodes: the mini-batches are one seeded
+permutation of every rank's kept rows, each micro-batch's loss is weighted by its share of the whole
+mini-batch's tokens (times the world size, which the strategies' gradient averaging divides out), a
+rank with fewer micro-batches pads with zero-weight passes so that every rank runs the same forwards,
+backwards and optimizer steps, and whitening, the kept ratio and the logged numbers are global.
+
 Departures from the paper's code: old log-probs are always recomputed; an empty filtered batch skips
 the update instead of failing; KL in the reward and KL in the loss are separate terms, and the frozen
 reference model exists only when one of them is on (and stays out of checkpoints: it is the base model).
@@ -33,18 +40,20 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from types import MethodType
 from typing import Any
 
 import lightning as L
 import torch
 
-from ragen2.algos.batching import micro_batch_share, micro_batches, minibatch_order
+from ragen2.algos.batching import local_rows, micro_batches, minibatch_order, row_weights
 from ragen2.algos.filters import loss_scale
 from ragen2.algos.kl import kl_penalty
-from ragen2.algos.logprobs import masked_mean, sampled_logprobs
+from ragen2.algos.logprobs import sampled_logprobs
 from ragen2.algos.losses import aggregate, entropy_loss
 from ragen2.config import settings
 from ragen2.data.batch import RolloutBatch
+from ragen2.distributed import Ranks
 from ragen2.log import log
 from ragen2.models.forward import decoder_hidden, lm_head
 from ragen2.models.loading import ModelConfig
@@ -71,6 +80,32 @@ class UpdateInputs:
 
 def _pad_to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, like.shape[1] - x.shape[1]))
+
+
+def _token_scores(
+    model: Any,
+    input_ids: torch.Tensor,  # [b, T]
+    attention_mask: torch.Tensor,  # [b, T]
+    loss_mask: torch.Tensor,  # [b, T]
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(hidden [b, T, H], log-probs of the sampled tokens [b, T], entropies [b, T] or None): one forward.
+
+    Bound to each model as ``ragen2_token_scores`` so that FSDP2 can treat it as the model's forward
+    (``register_fsdp_forward_method``): the decoder and the LM head are called directly, which would
+    otherwise skip the root's all-gather of the embeddings, final norm and head.
+    """
+    hidden = decoder_hidden(model, input_ids, attention_mask)
+    logp, entropy = sampled_logprobs(
+        hidden, input_ids, loss_mask, lm_head(model), temperature, with_entropy=with_entropy
+    )
+    return hidden, logp, entropy
+
+
+def _scalar(x: Any) -> float:
+    """A norm as a float; under FSDP2 clip_grad_norm_ returns a DTensor."""
+    return float(x.full_tensor() if hasattr(x, "full_tensor") else x)
 
 
 class PolicyModule(L.LightningModule):
@@ -100,6 +135,7 @@ class PolicyModule(L.LightningModule):
         self.policy: Any = None
         self.ref_policy: Any = None
         self.last_metrics: dict[str, float] = {}
+        self._pad: RolloutBatch | None = None  # one row of the iteration's batch, for zero-weight passes
 
     # ---- model and optimizer ----------------------------------------------------------------
     def configure_model(self) -> None:
@@ -112,6 +148,33 @@ class PolicyModule(L.LightningModule):
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.critic is not None:
             self.critic.build(self.policy)
+        models = [m for m in (self.policy, self.ref_policy) if m is not None]
+        for model in models:
+            model.ragen2_token_scores = MethodType(_token_scores, model)
+        if self._device_mesh is not None:  # ModelParallelStrategy (trainer=fsdp): shard across the ranks
+            self._shard(models)
+
+    def _shard(self, models: list[Any]) -> None:
+        """FSDP2: each decoder layer its own unit, the rest of each model (embeddings, norm, head) the root."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+        mesh = self.device_mesh["data_parallel"]
+        precision = self.trainer.precision if self._trainer is not None else "32-true"
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if "bf16" in str(precision)
+            else MixedPrecisionPolicy()
+        )
+        for model in models:
+            for layer in model.get_decoder().layers:
+                fully_shard(layer, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
+            register_fsdp_forward_method(model, "ragen2_token_scores")
+        if self.critic is not None:
+            fully_shard(self.critic, mesh=mesh, mp_policy=mp)
+        # the checkpoint leaves the frozen reference out, and this strategy loads weights before
+        # on_load_checkpoint could supply them: load the rest non-strictly
+        self.strict_loading = self.ref_policy is None
 
     def configure_optimizers(self) -> Any:
         """One AdamW with a parameter group per trained part (two optimizers would double global_step)."""
@@ -137,7 +200,9 @@ class PolicyModule(L.LightningModule):
         weights = checkpoint.get("state_dict", {})
         for key in [k for k in weights if k.startswith(REF_PREFIX)]:  # rebuilt from the base model
             del weights[key]
-        checkpoint[KEY] = {**self.run_state.state_dict(), "model": asdict(self.model_cfg)}
+        # every rank calls this hook (rank 0 writes): gather each rank's RNG states
+        state = self.run_state.state_dict(Ranks.current())
+        checkpoint[KEY] = {**state, "model": asdict(self.model_cfg)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         for change in migrate(checkpoint):
@@ -145,39 +210,48 @@ class PolicyModule(L.LightningModule):
         if self.ref_policy is not None:  # runs before the weights load: supply the reference left out
             ref = {f"{REF_PREFIX}{k}": v for k, v in self.ref_policy.state_dict().items()}
             checkpoint.setdefault("state_dict", {}).update(ref)
-        self.run_state.load_state_dict(checkpoint.get(KEY, {}))
+        self.run_state.load_state_dict(checkpoint.get(KEY, {}), Ranks.current())
 
     # ---- one iteration ----------------------------------------------------------------------
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         start = time.perf_counter()
         it = batch.iteration
         metrics = {**batch.metrics, "train/iteration": float(it)}
-        # 0. nothing kept, nothing to learn from
-        if batch.kept_rows.numel() == 0:
+        ranks = Ranks.current()
+        kept = batch.kept_rows
+        first, total = ranks.offset(kept.numel())  # this rank's rows among every rank's kept rows
+        # 0. nothing kept on any rank, nothing to learn from
+        if total == 0:
             self._log({**metrics, **self._skip(it)})
             return
         self.run_state.empty_streak = 0
         metrics["filter/skipped"] = 0.0
-        train = batch.select(batch.kept_rows)
-        order = minibatch_order(
-            train.input_ids.shape[0], self.algo.mini_batch_size, self.algo.epochs, self.seed * 31 + it
-        )
+        train = batch.select(kept)
+        self._pad = batch.select(torch.zeros(1, dtype=torch.long))  # the zero-weight passes' row
+        order = [
+            [local_rows(mini, first, kept.numel()) for mini in epoch]
+            for epoch in minibatch_order(
+                total, self.algo.mini_batch_size, self.algo.epochs, self.seed * 31 + it
+            )
+        ]
         # 1. old log-probs, the critic's values and reference log-probs, before any step
         inputs = self._pre_update(train, order)
         # 2. KL in the reward
         if self.algo.kl_reward is not None:
             assert inputs.ref_logp is not None
-            train, kl_stats = self.algo.kl_reward(train, inputs.old_logp, inputs.ref_logp)
+            train, kl_stats = self.algo.kl_reward(train, inputs.old_logp, inputs.ref_logp, ranks.sum)
             metrics.update({f"train/{k}": v for k, v in kl_stats.items()})
         # 3. advantages of the kept groups
-        est = self.algo.advantage(train, inputs.values)
-        inputs.advantages = est.advantages * loss_scale(batch.kept_ratio, self.algo.loss_scaling)
+        est = self.algo.advantage(train, inputs.values, ranks.sum)
+        kept_groups = ranks.sum(torch.tensor([float(batch.keep.sum()), float(batch.num_groups)]))
+        kept_ratio = float(kept_groups[0]) / float(kept_groups[1])
+        inputs.advantages = est.advantages * loss_scale(kept_ratio, self.algo.loss_scaling)
         inputs.returns = est.returns
-        metrics.update(self._advantage_stats(train, inputs, it))
+        metrics.update(self._advantage_stats(train, inputs, it, ranks))
         # 4. mini-batches of micro-batches: backward, clip, step
-        metrics.update(self._update(train, order, inputs, it))
+        metrics.update(self._update(train, order, inputs, it, ranks))
         # 5. log
-        metrics.update(_logprob_gap(inputs.old_logp, train))
+        metrics.update(_logprob_gap(inputs.old_logp, train, ranks))
         metrics["time/update"] = time.perf_counter() - start
         self._log(metrics)
 
@@ -201,18 +275,17 @@ class PolicyModule(L.LightningModule):
         first mini-batch's old log-probs are its own training forward, detached."""
         n = batch.input_ids.shape[0]
         up_front = self.critic is not None or self.algo.kl_reward is not None
-        first = set() if up_front else set(order[0][0].tolist())
+        first = set() if up_front else set(order[0][0].tolist())  # this rank's rows of the first step
         rest = torch.tensor(sorted(set(range(n)) - first), dtype=torch.long)
         old_logp = torch.zeros_like(batch.loss_mask)
         known = torch.zeros(n, dtype=torch.bool)
         values = None
-        with torch.no_grad():
-            if rest.numel():
-                scored = self._scores(self.policy, batch.select(rest), self.critic)
-                old_logp[rest] = _pad_to(scored[0], old_logp)
-                known[rest] = True
-                if self.critic is not None:  # rest = every row when there are values
-                    values = _pad_to(scored[1], old_logp)
+        with torch.no_grad():  # every rank scores (padding passes included), even with no rows to score
+            scored = self._scores(self.policy, batch.select(rest), self.critic)
+            old_logp[rest] = _pad_to(scored[0], old_logp)
+            known[rest] = True
+            if self.critic is not None:  # rest = every row when there are values
+                values = _pad_to(scored[1], old_logp)
             ref_logp = self._scores(self.ref_policy, batch)[0] if self.ref_policy is not None else None
         return UpdateInputs(old_logp, known, ref_logp, values)
 
@@ -222,31 +295,47 @@ class PolicyModule(L.LightningModule):
         """[B, T] log-probs of the sampled tokens under ``model`` (and ``critic``'s values), micro-batched."""
 
         def score(mb: RolloutBatch) -> tuple[torch.Tensor, ...]:
-            hidden = decoder_hidden(model, mb.input_ids, mb.attention_mask)
-            logp, _ = sampled_logprobs(hidden, mb.input_ids, mb.loss_mask, lm_head(model), self.temperature)
+            hidden, logp, _ = model.ragen2_token_scores(
+                mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False
+            )
             if critic is None:
                 return (logp,)
             return logp, critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask)
 
-        return self._per_micro_batch(batch, score)
+        return self._per_micro_batch(batch, score, 1 if critic is None else 2)
 
     def _per_micro_batch(
-        self, batch: RolloutBatch, fn: Callable[[RolloutBatch], tuple[torch.Tensor, ...]]
+        self, batch: RolloutBatch, fn: Callable[[RolloutBatch], tuple[torch.Tensor, ...]], outputs: int = 1
     ) -> tuple[torch.Tensor, ...]:
-        """``fn``'s [b, T] outputs over token-budget micro-batches of ``batch``, joined to [B, T] each."""
+        """``fn``'s [b, T] outputs over token-budget micro-batches of ``batch``, joined to [B, T] each.
+
+        A rank with fewer micro-batches than another runs ``fn`` on the padding row too, discarding the
+        result: under FSDP every forward is a collective.
+        """
         lengths = batch.attention_mask.sum(-1).tolist()
-        parts = [
-            fn(batch.select(torch.tensor(rows)))
-            for rows in micro_batches(lengths, self.algo.max_tokens_per_micro_batch)
-        ]
+        chunks = micro_batches(lengths, self.algo.max_tokens_per_micro_batch)
+        parts = [fn(batch.select(torch.tensor(rows))) for rows in chunks]
+        (most,) = Ranks.current().max([len(chunks)])
+        for _ in range(most - len(chunks)):
+            fn(self._pad)
+        if not parts:  # no rows here
+            empty = batch.loss_mask.new_zeros(batch.input_ids.shape)
+            return tuple(empty for _ in range(outputs))
         return tuple(torch.cat([_pad_to(p, batch.input_ids) for p in outs]) for outs in zip(*parts))
 
-    def _advantage_stats(self, batch: RolloutBatch, inputs: UpdateInputs, iteration: int) -> dict[str, float]:
+    def _advantage_stats(
+        self, batch: RolloutBatch, inputs: UpdateInputs, iteration: int, ranks: Ranks
+    ) -> dict[str, float]:
         assert inputs.advantages is not None
         mask = batch.loss_mask
+        m = mask.to(inputs.advantages.dtype)
+        sums = ranks.sum(
+            torch.stack([(inputs.advantages * m).sum(), (inputs.advantages.abs() * m).sum(), m.sum()])
+        )
+        count = sums[2] if float(sums[2]) > 0 else torch.ones_like(sums[2])
         out = {
-            "train/advantage_mean": float(masked_mean(inputs.advantages, mask)),
-            "train/advantage_abs": float(masked_mean(inputs.advantages.abs(), mask)),
+            "train/advantage_mean": float(sums[0] / count),
+            "train/advantage_abs": float(sums[1] / count),
         }
         if self.critic is not None:
             assert inputs.returns is not None and inputs.values is not None
@@ -254,37 +343,61 @@ class PolicyModule(L.LightningModule):
         return out
 
     def _update(
-        self, batch: RolloutBatch, order: list[list[torch.Tensor]], inputs: UpdateInputs, iteration: int
+        self,
+        batch: RolloutBatch,
+        order: list[list[torch.Tensor]],
+        inputs: UpdateInputs,
+        iteration: int,
+        ranks: Ranks,
     ) -> dict[str, float]:
-        """Step 4: every mini-batch of every epoch is one optimizer step; returns step-averaged stats."""
+        """Step 4: every mini-batch of every epoch is one optimizer step; returns step-averaged stats.
+
+        ``order`` holds this rank's rows of each (global) mini-batch; a micro-batch's weight is its
+        share of the whole mini-batch's ``row_weights`` over every rank.
+        """
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         token_level = self.algo.loss_agg == "token-mean"
         freeze_policy = self.critic is not None and not self.critic.trains_policy(iteration)
+        weights = row_weights(batch.loss_mask, token_level)  # [B]
+        budget = self.algo.max_tokens_per_micro_batch
+        chunks = [
+            [
+                mini[torch.tensor(rows)]
+                for rows in micro_batches(batch.attention_mask[mini].sum(-1).tolist(), budget)
+            ]
+            for minibatches in order
+            for mini in minibatches
+        ]
+        most = ranks.max([len(c) for c in chunks])  # per step, the most micro-batches any rank has
+        totals = ranks.sum(
+            torch.stack([weights[mini].sum() for minibatches in order for mini in minibatches])
+        )
         sums: dict[str, float] = {}
-        steps = 0
-        progress = bar(sum(len(m) for m in order), "update", "step")
-        for minibatches in order:
-            for mini in minibatches:
-                optimizer.zero_grad(set_to_none=True)
-                lengths = batch.attention_mask[mini].sum(-1).tolist()
-                for rows in micro_batches(lengths, self.algo.max_tokens_per_micro_batch):
-                    idx = mini[torch.tensor(rows)]
-                    share = micro_batch_share(batch.loss_mask, idx, mini, token_level)
-                    terms = self.loss_terms(batch, idx, inputs, iteration)
-                    self.manual_backward(terms.total * share)
-                    for k, v in terms.logged().items():
-                        sums[k] = sums.get(k, 0.0) + v * share
-                if freeze_policy:  # the critic's warm-up: the policy (a shared trunk too) stays as sampled
-                    for p in self.policy.parameters():
-                        p.grad = None
-                for k, v in self._clip().items():
-                    sums[k] = sums.get(k, 0.0) + v
-                optimizer.step()
-                scheduler.step()
-                steps += 1
-                progress.update()
-                progress.set_postfix_str(f"loss {sums.get('loss', 0.0) / steps:+.4f}")
+        clips: dict[str, float] = {}
+        progress = bar(len(chunks), "update", "step")
+        for step, micro in enumerate(chunks):
+            optimizer.zero_grad(set_to_none=True)
+            for idx in micro:
+                share = float(weights[idx].sum()) / max(float(totals[step]), 1.0)
+                terms = self.loss_terms(batch, idx, inputs, iteration)
+                # × world: DDP and FSDP average the ranks' gradients, the shares already sum to 1 over ranks
+                self.manual_backward(terms.total * share * ranks.world)
+                for k, v in terms.logged().items():
+                    sums[k] = sums.get(k, 0.0) + v * share
+            for _ in range(most[step] - len(micro)):
+                self._zero_pass()
+            if freeze_policy:  # the critic's warm-up: the policy (a shared trunk too) stays as sampled
+                for p in self.policy.parameters():
+                    p.grad = None
+            for k, v in self._clip().items():
+                clips[k] = clips.get(k, 0.0) + v
+            optimizer.step()
+            scheduler.step()
+            progress.update()
+            progress.set_postfix_str(f"loss {sums.get('loss', 0.0) / (step + 1):+.4f}")
         progress.close()
+        steps = len(chunks)
+        sums = {**ranks.sum_floats(sums), **clips}  # norms are already global (reduced gradients)
         out = {f"train/{k}": v / max(steps, 1) for k, v in sums.items()}
         out["train/optimizer_steps"] = float(steps)
         for group, lr in zip(optimizer.optimizer.param_groups, scheduler.get_last_lr()):
@@ -300,9 +413,8 @@ class PolicyModule(L.LightningModule):
         """
         mb = batch.select(rows)
         width, mask, agg, norm = mb.input_ids.shape[1], mb.loss_mask, self.algo.loss_agg, self.algo.loss_norm
-        hidden = decoder_hidden(self.policy, mb.input_ids, mb.attention_mask)
-        logp, entropy = sampled_logprobs(
-            hidden, mb.input_ids, mask, lm_head(self.policy), self.temperature, with_entropy=True
+        hidden, logp, entropy = self.policy.ragen2_token_scores(
+            mb.input_ids, mb.attention_mask, mask, self.temperature, True
         )
         assert entropy is not None
         fresh = ~inputs.known[rows]  # rows seen for the first time before any step: on-policy, old = current
@@ -333,6 +445,19 @@ class PolicyModule(L.LightningModule):
             terms.stats["kl"] = float(kl.detach())
         return terms
 
+    def _zero_pass(self) -> None:
+        """A forward and backward of weight 0 on the padding row: a rank with fewer micro-batches in a step
+        joins every collective of the others' passes (DDP's gradient all-reduce, FSDP's gathers) and
+        gives every trained parameter a zero gradient."""
+        mb = self._pad
+        hidden, logp, _ = self.policy.ragen2_token_scores(
+            mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False
+        )
+        loss = logp.sum() * 0.0
+        if self.critic is not None:
+            loss = loss + self.critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask).sum() * 0.0
+        self.manual_backward(loss)
+
     def _clip(self) -> dict[str, float]:
         """Clip each parameter group to its own ``max_norm``; returns the pre-clip norms."""
         out = {}
@@ -342,9 +467,9 @@ class PolicyModule(L.LightningModule):
             if not grads:
                 norm = 0.0
             elif max_norm > 0:
-                norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+                norm = _scalar(torch.nn.utils.clip_grad_norm_(grads, max_norm))
             else:
-                norm = float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+                norm = _scalar(torch.nn.utils.get_total_norm([p.grad for p in grads]))
             out["grad_norm" if group["name"] == "policy" else f"{group['name']}/grad_norm"] = norm
         return out
 
@@ -358,11 +483,15 @@ class PolicyModule(L.LightningModule):
         self.log_dict(batch, on_step=False, on_epoch=True, batch_size=1)
 
 
-def _logprob_gap(old_logp: torch.Tensor, batch: RolloutBatch) -> dict[str, float]:
-    """How far the sampler's log-probs are from the training model's recomputed ones, on sampled tokens."""
+def _logprob_gap(old_logp: torch.Tensor, batch: RolloutBatch, ranks: Ranks) -> dict[str, float]:
+    """How far the sampler's log-probs are from the training model's recomputed ones, on sampled tokens
+    (every rank's kept rows)."""
     sampled = batch.sampler_logprobs
     compared = batch.loss_mask.bool() & ~torch.isnan(sampled)
-    if not bool(compared.any()):
-        return {}
     gap = (old_logp - sampled)[compared].abs()
-    return {"rollout/logprob_gap_abs": float(gap.mean()), "rollout/logprob_gap_max": float(gap.max())}
+    parts = ranks.gather((float(gap.sum()), int(gap.numel()), float(gap.max()) if gap.numel() else 0.0))
+    count = sum(n for _, n, _ in parts)
+    if count == 0:
+        return {}
+    mean = float(gap.mean()) if ranks.world == 1 else sum(s for s, _, _ in parts) / count
+    return {"rollout/logprob_gap_abs": mean, "rollout/logprob_gap_max": max(m for _, n, m in parts if n)}

@@ -1,7 +1,9 @@
 """What a resumed run needs besides weights, optimizer and callbacks: the checkpoint's ``ragen2`` entry.
 
-``RunState`` holds the empty-batch streak and the KL-in-reward coefficient, and captures the process's
-RNG states (torch, numpy, python) when saved. Everything in it is a plain tensor, number or tuple:
+``RunState`` holds the empty-batch streak and the KL-in-reward coefficient, and captures the RNG states
+(torch, numpy, python) of every data-parallel rank when saved (``rng`` is rank 0's, ``rng_by_rank``
+all of them); each rank restores its own, and a run resumed on another number of ranks restores rank
+0's everywhere. Everything in it is a plain tensor, number or tuple:
 Lightning loads checkpoints with ``torch.load(weights_only=True)``.
 
 Layouts: a checkpoint written before ``layout`` existed (layout 1) kept the MI metric's EMA in the
@@ -19,8 +21,10 @@ import numpy as np
 import torch
 
 from ragen2.algos.kl import AdaptiveKLController, FixedKLController
+from ragen2.distributed import Ranks
 
 KEY = "ragen2"
+ONE_PROCESS = Ranks()
 LAYOUT = 2
 _LEGACY_MI = "mi_first_turn._extra_state"
 _MI_CALLBACK = "MIDiagnostics"  # the callback's Lightning state key (its class name)
@@ -50,20 +54,25 @@ class RunState:
     empty_streak: int = 0  # consecutive iterations whose filter kept no group
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # KL in the reward's β
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, ranks: Ranks = ONE_PROCESS) -> dict[str, Any]:
+        """Every rank calls this (a collective when there are several)."""
+        rngs = ranks.gather(rng_state())
         return {
             "layout": LAYOUT,
             "empty_streak": self.empty_streak,
             "kl_reward_coef": None if self.kl_controller is None else self.kl_controller.value,
-            "rng": rng_state(),
+            "rng": rngs[0],
+            "rng_by_rank": rngs,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], ranks: Ranks = ONE_PROCESS) -> None:
         self.empty_streak = int(state.get("empty_streak", 0))
         if self.kl_controller is not None and state.get("kl_reward_coef") is not None:
             self.kl_controller.value = float(state["kl_reward_coef"])
-        if state.get("rng") is not None:
-            set_rng_state(state["rng"])
+        by_rank = state.get("rng_by_rank") or []
+        rng = by_rank[ranks.rank] if len(by_rank) == ranks.world else state.get("rng")
+        if rng is not None:
+            set_rng_state(rng)
 
 
 def migrate(checkpoint: dict[str, Any]) -> list[str]:

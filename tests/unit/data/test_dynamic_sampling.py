@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from ragen2.agent.episode import Episode
+from ragen2.config import ConfigError
 from ragen2.data import DynamicSampling, GroupFilter, RolloutBatch, RolloutDataModule, collate_episodes
 from ragen2.data.batch import by_group
 from ragen2.data.sampling import regroup
+from ragen2.distributed import Ranks
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
 
 ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}
@@ -148,19 +150,29 @@ def test_rollout_metrics_and_jsonl_cover_every_round(tmp_path: Path) -> None:
 
 def test_seeds_are_distinct_across_rounds_iterations_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     dm = _dm(sampling=DynamicSampling(max_rounds=3))
+    one_rank = {(it, r): dm.train_seeds(it, r) for it in range(5) for r in range(3)}
     instance, sampler = [], []
+    by_rank: dict[tuple[int, int], list[int]] = {}
     for rank in range(2):
-        monkeypatch.setattr(dm, "_rank", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(dm, "_ranks", lambda rank=rank: Ranks(rank, 2))
         for it in range(5):
             for r in range(3):
-                instance += dm.train_seeds(it, r)
+                seeds = dm.train_seeds(it, r)
+                assert len(seeds) == dm.groups // 2  # each rank rolls out its share of the global groups
+                instance += seeds
+                by_rank.setdefault((it, r), []).extend(seeds)
                 sampler.append(dm.sample_seed(it, r))
-    assert len(instance) == len(set(instance)) == 2 * 5 * 3 * 4
+    assert len(instance) == len(set(instance)) == 5 * 3 * 4
     assert len(sampler) == len(set(sampler)) == 2 * 5 * 3
+    # global group g has the same instance seed whatever the number of ranks
+    assert by_rank == one_rank
     with pytest.raises(ValueError, match="max_rounds"):
         dm.train_seeds(0, 3)
     with pytest.raises(ValueError, match="max_rounds"):
         _dm().train_seeds(0, 1)
+    monkeypatch.setattr(dm, "_ranks", lambda: Ranks(0, 3))
+    with pytest.raises(ConfigError, match=r"rollout\.groups=4 does not divide among 3 ranks.*Fix"):
+        dm.train_seeds(0, 0)
 
 
 def test_dynamic_sampling_validates_max_rounds() -> None:
