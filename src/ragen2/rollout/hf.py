@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ragen2.models.kv import KV, as_cache, cache_layers, cache_len, extend
+from ragen2.models.kv import KV, cache_layers, cache_len, extend, grouped_query_attention, growing_cache
 from ragen2.progress import bar
 from ragen2.rollout.base import PromptMeta, Sample, SamplingParams
 
@@ -171,7 +171,8 @@ class HFSampler:
                         values[i, :, width_c - cached[i] :] = s.kv[layer][1][0]
                 kv.append((keys, values))
         attention = torch.cat([mask_c, mask_n], dim=-1).to(device)
-        cache = as_cache(kv) if kv is not None else None
+        # room for every new token: a decode step writes its keys/values in place (no per-step torch.cat)
+        cache = growing_cache(kv, reserve=width_n + params.max_new_tokens)
         self.tokens_prefilled += sum(new)
 
         ids: list[list[int]] = [[] for _ in range(b)]
@@ -181,7 +182,7 @@ class HFSampler:
         # every token holds at least one byte of the text, so a stop string of B bytes spans ≤ B tokens
         window = max([self.stop_window, *(len(s.encode()) for s in params.stop)])
         step_input, step_pos = input_ids.to(device), positions.to(device)
-        with bar(params.max_new_tokens, "sampling", "token") as progress:
+        with bar(params.max_new_tokens, "sampling", "token") as progress, grouped_query_attention(self.model):
             for _ in range(params.max_new_tokens):
                 progress.update()
                 progress.set_postfix_str(f"{sum(f is None for f in finish)}/{b} rows active")

@@ -305,3 +305,54 @@ def test_builtin_model_greedy_chat_answers() -> None:
     answer = tok.decode(s.ids, skip_special_tokens=True).strip()
     assert answer
     assert "Paris" in answer
+
+
+@pytest.fixture(scope="module")
+def gqa_model(tokenizer):
+    """A random 2-layer Llama with grouped-query attention (4 query heads over 2 key/value heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def test_grouped_query_model_decodes_exactly(tokenizer, gqa_model, prompts) -> None:
+    """The decode path without repeat_kv (grouped_sdpa) on a GQA model: greedy = generate, log-probs = forward."""
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, stop=())
+    group = [prompts[0], prompts[0], prompts[1], prompts[2]]
+    sampler = HFSampler(tokenizer, gqa_model)
+    turn1 = sampler.generate(group, params, seed=5)
+    _assert_logprobs_match_forward(gqa_model, group, turn1, 0.7)
+    nxt = [_next_turn(tokenizer, p, s.ids, "next") for p, s in zip(group, turn1)]
+    _assert_logprobs_match_forward(gqa_model, nxt, sampler.generate(nxt, params, seed=6), 0.7)
+    (greedy,) = sampler.generate(prompts[1:2], GREEDY, seed=0)
+    want = gqa_model.generate(
+        torch.tensor(prompts[1:2]), do_sample=False, max_new_tokens=GREEDY.max_new_tokens, pad_token_id=0
+    )[0, len(prompts[1]) :].tolist()
+    assert greedy.ids == want[: len(greedy.ids)]
+    assert gqa_model.config._attn_implementation == "sdpa"  # restored after sampling
+
+
+def test_growing_layer_equals_concatenation() -> None:
+    from ragen2.models.kv import GrowingLayer, growing_cache
+
+    torch.manual_seed(0)
+    steps = [(torch.randn(2, 3, n, 4), torch.randn(2, 3, n, 4)) for n in (5, 1, 1, 7, 1)]
+    layer = GrowingLayer(reserve=2)  # forces two re-allocations
+    for k, v in steps:
+        keys, values = layer.update(k, v)
+    torch.testing.assert_close(keys, torch.cat([k for k, _ in steps], -2), rtol=0, atol=0)
+    torch.testing.assert_close(values, torch.cat([v for _, v in steps], -2), rtol=0, atol=0)
+    assert layer.get_seq_length() == 15
+    cache = growing_cache([steps[0]], reserve=1)
+    assert cache.get_seq_length() == 5 and isinstance(cache.layers[0], GrowingLayer)
