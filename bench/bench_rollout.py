@@ -1,0 +1,144 @@
+"""Rollout backends side by side: HF sampler vs vLLM (colocated engine) on the main job's workload and at 8 × 16.
+
+For each workload (FrozenLake, 3 turns, 48 tokens per turn, the built-in model) both samplers collect the
+same episodes (same instance seeds, same sampler seed) in one run: seconds, episodes/s and sampled
+tokens/s, and their ratio. Then the agent loop's overhead over vLLM itself: the very per-turn prompt
+batches the runner sent are replayed as raw ``LLM.generate`` calls (same ``SamplingParams`` and seeds,
+prefix cache reset first, as after a weight sync), and overhead = collect seconds / replay seconds − 1.
+Engine start-up and the first weight sync are timed separately (once per run, not per iteration).
+Writes bench/results/rollout.json.
+
+  python bench/bench_rollout.py [--model builtin] [--workloads 4x4,8x16] [--kv-cache-gb 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ragen2._env import set_defaults
+
+set_defaults()
+
+from ragen2.config import build, compose  # noqa: E402
+from ragen2.models.loading import load_model, load_tokenizer  # noqa: E402
+from ragen2.rollout.hf import HFSampler  # noqa: E402
+from ragen2.rollout.vllm import VLLMSampler, vllm_sampler  # noqa: E402
+
+
+class Recorder:
+    """Wraps a VLLMSampler: records each generate call's prompts, params and seed, and its seconds."""
+
+    def __init__(self, sampler: VLLMSampler) -> None:
+        self.sampler = sampler
+        self.needs_oracle = False
+        self.records_entropy = False
+        self.calls: list[tuple[list[list[int]], object, int]] = []
+
+    def generate(self, prompts, params, seed, meta=None):  # type: ignore[no-untyped-def]
+        self.calls.append(([list(p) for p in prompts], params, seed))
+        return self.sampler.generate(prompts, params, seed, meta)
+
+
+def replay(sampler: VLLMSampler, calls: list) -> float:
+    """Seconds of raw ``LLM.generate`` over the recorded calls (the prefix cache reset first)."""
+    from vllm.inputs import TokensPrompt
+
+    llm = sampler.engine()
+    llm.reset_prefix_cache()
+    total = 0.0
+    for prompts, params, seed in calls:
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        sampling = [sampler._params(params, seed * 1_000_003 + i) for i in range(len(prompts))]
+        start = time.perf_counter()
+        llm.generate(requests, sampling, use_tqdm=False)
+        total += time.perf_counter() - start
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="builtin")
+    parser.add_argument("--workloads", default="4x4,8x16", help="groups x group_size, comma-separated")
+    parser.add_argument("--kv-cache-gb", type=float, default=4.0)
+    parser.add_argument("--skip-hf-above", type=int, default=10_000, help="episodes; HF is skipped above")
+    args = parser.parse_args()
+    tokenizer, model = load_tokenizer(args.model), load_model(args.model).eval()
+
+    start = time.perf_counter()
+    vllm = vllm_sampler(model=args.model, kv_cache_gb=args.kv_cache_gb, max_model_len=4096)(tokenizer)
+    vllm.engine()
+    engine_s = time.perf_counter() - start
+    start = time.perf_counter()
+    vllm.sync_weights(model)
+    sync_s = time.perf_counter() - start
+    hf = HFSampler(tokenizer, model)
+
+    results: dict[str, dict] = {}
+    for workload in args.workloads.split(","):
+        groups, size = (int(x) for x in workload.split("x"))
+        data = build(
+            compose([f"model={args.model}", f"rollout.groups={groups}", f"rollout.group_size={size}"]).data
+        )
+        runner = data.rollout_cfg.runner(data.env, tokenizer)
+        seeds = list(range(groups))
+        row: dict[str, dict] = {}
+        backends = [("vllm", Recorder(vllm))]
+        if groups * size <= args.skip_hf_above:
+            backends.insert(0, ("hf", hf))
+        for name, sampler in backends:
+            if name == "vllm":
+                vllm.llm.reset_prefix_cache()  # as after the iteration's weight sync
+            cached0, prompt0 = vllm.cached_tokens, vllm.prompt_tokens
+            start = time.perf_counter()
+            episodes = runner.collect(sampler, seeds, size, sample_seed=0)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(t.sampled_ids) for ep in episodes for t in ep.turns)
+            row[name] = {
+                "seconds": seconds,
+                "episodes_per_s": len(episodes) / seconds,
+                "tokens_per_s": tokens / seconds,
+                "sampled_tokens": tokens,
+                "turns": sum(len(ep.turns) for ep in episodes),
+                "success": sum(ep.success for ep in episodes) / len(episodes),
+            }
+            if name == "vllm":
+                raw = replay(vllm, sampler.calls)
+                row[name]["raw_generate_seconds"] = raw
+                row[name]["loop_overhead"] = seconds / raw - 1
+                row[name]["prefix_cache_hit_rate"] = (vllm.cached_tokens - cached0) / max(
+                    1, vllm.prompt_tokens - prompt0
+                )
+        if "hf" in row:
+            row["vllm_speedup"] = row["hf"]["seconds"] / row["vllm"]["seconds"]
+        results[workload] = row
+
+    print(f"engine start {engine_s:.1f} s, first weight sync {sync_s:.2f} s")
+    head = f"{'workload':<9} {'backend':<6} {'seconds':>8} {'episodes/s':>11} {'tokens/s':>9} {'turns':>6}"
+    print(head + f" {'loop overhead':>14} {'cache hits':>11} {'speed-up':>9}")
+    for workload, row in results.items():
+        for name in ("hf", "vllm"):
+            if name not in row:
+                continue
+            r = row[name]
+            extra = (
+                f" {r['loop_overhead']:>13.1%} {r['prefix_cache_hit_rate']:>10.1%}"
+                if name == "vllm"
+                else f" {'':>14} {'':>11}"
+            )
+            speed = f" {row['vllm_speedup']:>8.2f}x" if name == "vllm" and "vllm_speedup" in row else ""
+            print(
+                f"{workload:<9} {name:<6} {r['seconds']:>8.1f} {r['episodes_per_s']:>11.2f} "
+                f"{r['tokens_per_s']:>9.1f} {r['turns']:>6}{extra}{speed}"
+            )
+    out = Path(__file__).parent / "results" / "rollout.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"args": vars(args), "engine_start_s": engine_s, "first_sync_s": sync_s, "results": results}
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
