@@ -1,0 +1,142 @@
+"""ragen2-diagnose: the MI family of a model on an env, or of a run's saved rollouts, as a report folder.
+
+ragen2-diagnose                                                  # built-in model, FrozenLake, N = 8 × K = 4
+ragen2-diagnose model.name_or_path=<hf name or folder> env=sokoban num_seeds=16 samples=8
+ragen2-diagnose rollouts=<run>/rollouts.rank0.jsonl [checkpoint=<run>/checkpoints/last.ckpt] [iteration=3]
+
+First turns of N held-out instance seeds × K samples (or the first turns of one iteration of a saved-rollouts
+JSONL) are cross-scored under the model and written up by ``ragen2.diagnostics.report``: metrics.json,
+heatmap.png, quadrant.png, ranks.png, rows.jsonl and index.md in ``output`` (default: the Hydra run folder).
+"""
+
+from __future__ import annotations
+
+from ragen2._env import set_defaults
+
+set_defaults()
+
+from collections.abc import Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from ragen2.config import CONF_DIR, ConfigError, command_line  # noqa: E402
+from ragen2.log import log  # noqa: E402
+
+
+def check(cfg: DictConfig) -> Any:
+    """Refuse settings that cannot work before anything loads; returns the quadrant's splits."""
+    from pathlib import Path
+
+    from ragen2.diagnostics.report import Splits
+
+    if cfg.num_seeds < 2:
+        raise ConfigError(
+            f"num_seeds={cfg.num_seeds}: MI compares prompts, so it needs at least 2. Fix: num_seeds=8"
+        )
+    if cfg.samples < 1:
+        raise ConfigError(f"samples={cfg.samples} must be ≥ 1 sample per instance. Fix: samples=4")
+    if cfg.max_batch_tokens < 1:
+        raise ConfigError(f"max_batch_tokens={cfg.max_batch_tokens} must be ≥ 1. Fix: max_batch_tokens=512")
+    if cfg.rollouts is not None and not Path(cfg.rollouts).is_file():
+        raise ConfigError(
+            f"rollouts={cfg.rollouts!r} is not a file. Fix: rollouts=<run>/rollouts.rank0.jsonl "
+            "(a run trained with rollout.save_jsonl=true), or leave it null to sample"
+        )
+    splits = dict(cfg.splits)
+    unknown = set(splits) - {"mi_fraction", "entropy"}
+    if unknown:
+        raise ConfigError(
+            f"splits.{sorted(unknown)[0]} is not a setting. Fix: splits.mi_fraction, splits.entropy"
+        )
+    try:
+        return Splits(**splits)
+    except ValueError as err:
+        raise ConfigError(
+            f"splits={splits}: {err}. Fix: e.g. splits.mi_fraction=0.1 splits.entropy=0.5"
+        ) from None
+
+
+def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
+    """Diagnose with a composed diagnose config; returns the ``Diagnosis`` (its report is written)."""
+    import time
+
+    from ragen2.config import build, settings, with_saved_settings
+    from ragen2.data.evaluation import heldout_seeds
+    from ragen2.data.rollout_config import EnvConfig, RolloutConfig
+    from ragen2.diagnostics.report import (
+        diagnose,
+        rows_from_episodes,
+        rows_from_jsonl,
+        sample_first_turns,
+        write_report,
+    )
+    from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
+    from ragen2.models.loading import ModelConfig, load_tokenizer
+
+    splits = check(cfg)
+    state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
+    if state is not None:
+        cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
+    model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    tokenizer = load_tokenizer(model.name_or_path)
+    policy = load_policy(model.name_or_path, cfg.checkpoint, model.dtype, state).eval()
+    seconds["load"] = time.perf_counter() - start
+
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False)  # as the runner decodes
+
+    start = time.perf_counter()
+    if cfg.rollouts is not None:
+        rows, iteration = rows_from_jsonl(cfg.rollouts, decode, cfg.iteration, cfg.num_seeds, cfg.samples)
+        source = f"`{cfg.rollouts}`, iteration {iteration}, first turns"
+        seconds["read"] = time.perf_counter() - start
+    else:
+        env = settings(EnvConfig, OmegaConf.to_container(cfg.env, resolve=True), "env")
+        rollout = settings(RolloutConfig, build(cfg.rollout, _convert_="all"), "rollout")
+        sampler = rollout.sampler(tokenizer)
+        sampler.sync_weights(policy)
+        seeds = heldout_seeds(cfg.seed, cfg.num_seeds)
+        episodes = sample_first_turns(rollout.runner(env, tokenizer), sampler, seeds, cfg.samples, cfg.seed)
+        rows = rows_from_episodes(episodes, decode)
+        source = (
+            f"{env.id}, {cfg.num_seeds} held-out seeds × {cfg.samples} first-turn samples "
+            f"({len(rows)} with a valid Z; temperature {rollout.temperature}, "
+            f"max_new_tokens {rollout.max_new_tokens})"
+        )
+        seconds["rollout"] = time.perf_counter() - start
+    start = time.perf_counter()
+    diag = diagnose(policy, rows, splits, max_batch_tokens=cfg.max_batch_tokens)
+    seconds["cross-scoring"] = time.perf_counter() - start
+    diag.info |= {
+        "source": source,
+        "model": model.name_or_path + (f" + {cfg.checkpoint}" if cfg.checkpoint else ""),
+        "seconds": seconds,
+    }
+    folder = write_report(diag, cfg.output, cfg.max_listed)
+    m = diag.metrics
+    print(
+        f"region {diag.info['region']}: H(Z|X) {m['cond_entropy']:.3f} nats/token, "
+        f"I(X;Z) {m['mi_est']:.3f} of log C = {m['mi_upper_bound']:.3f}, retrieval {m['retrieval_acc']:.3f} "
+        f"(chance {m['retrieval_chance']:.3f}), {int(m['rows'])} rows × {int(m['columns'])} prompts"
+    )
+    log.info("diagnose report: %s", folder / "index.md")
+    return diag
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="diagnose")
+def _main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run(cfg, HydraConfig.get().overrides.task)
+
+
+def main() -> None:
+    command_line("ragen2-diagnose", _main)
+
+
+if __name__ == "__main__":
+    main()

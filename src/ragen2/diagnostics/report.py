@@ -1,0 +1,471 @@
+"""``ragen2-diagnose``'s library: first-turn (X, Z) rows, their cross-scores and MI family, a report folder.
+
+- Rows come from first turns just rolled out (``sample_first_turns``: the project's ``EpisodeRunner``
+  with a sampler that answers turn 1 only, so X is exactly the prompt training sees) or from a run's saved rollouts
+  (``rows_from_jsonl``: the records ``rollout.save_jsonl=true`` writes; Z is re-extracted from the
+  sampled ids with the tokenizer, as the runner does).
+- ``diagnose`` cross-scores them (``cross_score``) and computes the MI family (``mi_metrics``, whose
+  ``cond_entropy`` is H(Z|X)), the true prompt's retrieval rank per row, and the rows that score at least
+  as well under another prompt than under their own.
+- ``write_report`` writes ``metrics.json``, ``heatmap.png``, ``quadrant.png``, ``ranks.png``,
+  ``rows.jsonl`` and an ``index.md`` that shows them.
+
+The quadrant (METHOD.md §1): H(Z|X) says whether the reasoning is diverse within one input, I(X;Z)
+whether it depends on the input. The four regions are named as in the paper: diverse and input-driven
+(healthy), diverse but input-blind (template collapse), input-driven but low-entropy (compressed),
+neither (collapsed). A single pass has no run of its own to compare with, so the splits are absolute
+and configurable (``Splits``): MI as a fraction of its ceiling log C, H(Z|X) in nats per token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ragen2.agent.episode import Episode
+from ragen2.agent.reasoning import reasoning_ids
+from ragen2.agent.runner import EpisodeRunner
+from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
+from ragen2.diagnostics.mi import mi_metrics, per_token, true_rank
+from ragen2.rollout.base import PromptMeta, Sample, Sampler, SamplingParams
+
+
+@dataclass(frozen=True)
+class Row:
+    """One first-turn (X, Z) pair with what the report shows about it."""
+
+    prompt_ids: tuple[int, ...]  # X: the whole turn-1 context through the forced <think>
+    reasoning_ids: tuple[int, ...]  # Z: the sampled ids before </think> (non-empty)
+    seed: int  # the env instance
+    sample: int  # index within its group
+    observation: str  # the env state shown in X (labels the prompt)
+    reasoning: str  # Z decoded
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Where the quadrant's regions meet (see the module doc)."""
+
+    mi_fraction: float = 0.1  # I(X;Z) / log C above which reasoning counts as input-driven
+    entropy: float = 0.5  # H(Z|X) in nats/token above which reasoning counts as diverse
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mi_fraction < 1.0:
+            raise ValueError(f"mi_fraction={self.mi_fraction} must lie in (0, 1): a fraction of log C")
+        if self.entropy <= 0.0:
+            raise ValueError(f"entropy={self.entropy} must be > 0 nats/token")
+
+    def region(self, cond_entropy: float, mi_fraction: float) -> str:
+        diverse, driven = cond_entropy > self.entropy, mi_fraction > self.mi_fraction
+        if diverse:
+            return "healthy" if driven else "template collapse"
+        return "compressed" if driven else "collapsed"
+
+
+@dataclass
+class Diagnosis:
+    """One pass over R rows and C distinct prompts."""
+
+    rows: list[Row]  # [R]
+    scores: CrossScores  # logp_sum [R, C], prompt_index [R], ...
+    metrics: dict[str, float]  # mi_metrics plus counts, costs and the region
+    rank: Tensor  # [R] the own prompt's rank among the C columns (1 = best, ties against it)
+    best_other: Tensor  # [R] the best-scoring column other than the own one (-1 when C = 1)
+    info: dict[str, Any] = field(default_factory=dict)  # where the rows came from, timings
+
+
+class FirstTurnSampler:
+    """A Sampler that answers the first turn with ``inner`` and ends every later turn at once (EOS).
+
+    The runner renders turn 1 exactly as in training (the turn limit is part of the prompt), and the
+    episodes' later turns cost no model call: they end as bad-format turns nobody reads.
+    """
+
+    def __init__(self, inner: Sampler, eos_token_id: int) -> None:
+        self.inner = inner
+        self.eos_token_id = eos_token_id
+        self.needs_oracle = inner.needs_oracle
+        self.records_entropy = inner.records_entropy
+        self.calls = 0
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int,
+        meta: Sequence[PromptMeta] | None = None,
+    ) -> list[Sample]:
+        self.calls += 1
+        if self.calls == 1:
+            return self.inner.generate(prompts, params, seed, meta)
+        return [Sample([self.eos_token_id], "eos", [0.0], [0.0]) for _ in prompts]
+
+    def sync_weights(self, model: Any) -> None:
+        self.inner.sync_weights(model)
+
+
+def sample_first_turns(
+    runner: EpisodeRunner, sampler: Sampler, seeds: Sequence[int], samples: int, sample_seed: int
+) -> list[Episode]:
+    """``samples`` first turns for each instance seed (episodes whose turn 1 is the sampled one)."""
+    eos = runner.tokenizer.eos_token_id
+    return runner.collect(
+        FirstTurnSampler(sampler, eos), seeds, samples, sample_seed, desc="diagnose rollout"
+    )
+
+
+def first_turn_row(ep: Episode, decode: Callable[[Sequence[int]], str]) -> Row | None:
+    """The episode's turn-1 (X, Z) row, or None when its Z is missing or empty."""
+    if not ep.turns:
+        return None
+    turn = ep.turns[0]
+    z = turn.reasoning_ids
+    if not z:
+        return None
+    return Row(tuple(turn.prompt_ids), tuple(z), ep.seed, ep.sample, turn.observation, decode(z))
+
+
+def rows_from_episodes(episodes: Iterable[Episode], decode: Callable[[Sequence[int]], str]) -> list[Row]:
+    """Turn-1 rows with a valid, non-empty Z, in the episodes' order."""
+    return [row for ep in episodes if (row := first_turn_row(ep, decode)) is not None]
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``rollouts.rank<r>.jsonl`` file; a clear error for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"rollouts={str(path)!r} is not a file; pass <run>/rollouts.rank0.jsonl (written with "
+            "rollout.save_jsonl=true)"
+        )
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not JSON ({err.msg}); is it a rollouts JSONL?") from None
+        missing = {"iteration", "seed", "turns"} - set(record)
+        if missing:
+            raise ValueError(
+                f"{path}:{n} lacks {sorted(missing)}: not a record written by rollout.save_jsonl=true"
+            )
+        records.append(record)
+    if not records:
+        raise ValueError(f"{path} holds no records")
+    return records
+
+
+def rows_from_jsonl(
+    path: str | Path,
+    decode: Callable[[Sequence[int]], str],
+    iteration: int | None = None,
+    num_prompts: int | None = None,
+    samples: int | None = None,
+) -> tuple[list[Row], int]:
+    """Turn-1 rows of one iteration of a saved-rollouts file and that iteration (default: the last).
+
+    Every sampled episode is used, kept by the filter or not (the MI pass reads the unfiltered batch).
+    ``num_prompts`` keeps the first that many distinct prompts and ``samples`` the first that many rows
+    of each.
+    """
+    records = read_jsonl(path)
+    iterations = sorted({int(r["iteration"]) for r in records})
+    chosen = iterations[-1] if iteration is None else iteration
+    if chosen not in iterations:
+        raise ValueError(f"iteration={iteration} is not in {path}; it holds iterations {iterations}")
+    rows: list[Row] = []
+    taken: dict[tuple[int, ...], int] = {}
+    for r in records:
+        if int(r["iteration"]) != chosen or not r["turns"]:
+            continue
+        turn = r["turns"][0]
+        z = reasoning_ids(turn["sampled_ids"], decode)
+        if not z:
+            continue
+        x = tuple(turn["prompt_ids"])
+        if x not in taken and num_prompts is not None and len(taken) >= num_prompts:
+            continue
+        if samples is not None and taken.get(x, 0) >= samples:
+            continue
+        taken[x] = taken.get(x, 0) + 1
+        rows.append(Row(x, tuple(z), int(r["seed"]), int(r.get("sample", 0)), turn["observation"], decode(z)))
+    return rows, chosen
+
+
+def diagnose(model: Any, rows: Sequence[Row], splits: Splits = Splits(), **score_kwargs: Any) -> Diagnosis:
+    """Cross-score ``rows`` under ``model`` and compute the MI family; needs two distinct prompts."""
+    if len({row.prompt_ids for row in rows}) < 2:
+        raise ValueError(
+            f"{len(rows)} rows with a valid Z hold fewer than 2 distinct prompts: MI compares prompts. "
+            "Fix: more seeds (num_seeds), more samples, or a larger rollout.max_new_tokens so that the "
+            "reasoning closes with </think>"
+        )
+    scores = cross_score(model, [(row.prompt_ids, row.reasoning_ids) for row in rows], **score_kwargs)
+    metrics = mi_metrics(scores.logp_sum, scores.prompt_index, scores.num_tokens)
+    cols = scores.logp_sum.shape[1]
+    token_scores = per_token(scores.logp_sum, scores.num_tokens)
+    rank = true_rank(token_scores, scores.prompt_index)
+    others = token_scores.clone()
+    others[torch.arange(len(rows)), scores.prompt_index] = -math.inf
+    best_other = others.argmax(dim=1)
+    mi_fraction = metrics["mi_est"] / metrics["mi_upper_bound"]
+    metrics |= {
+        "rows": float(len(rows)),
+        "columns": float(cols),
+        "mi_fraction": mi_fraction,
+        "misretrieved_rows": float((rank > 1).sum()),
+        "tokens_processed": float(scores.tokens_processed),
+        "token_bound": float(scores.token_bound),
+        "token_bound_ratio": scores.tokens_processed / scores.token_bound,
+    }
+    diag = Diagnosis(list(rows), scores, metrics, rank, best_other)
+    diag.info["region"] = splits.region(metrics["cond_entropy"], mi_fraction)
+    diag.info["splits"] = asdict(splits)
+    return diag
+
+
+def misretrieved(diag: Diagnosis, limit: int = 10) -> list[dict[str, Any]]:
+    """Rows that score at least as well under another prompt as under their own, largest margin first.
+
+    The margin is (best other − own) in nats per token: how much better another input explains the
+    reasoning. Under template collapse most rows are here, and their Z reads the same whatever X was.
+    """
+    token_scores = per_token(diag.scores.logp_sum, diag.scores.num_tokens)
+    out = []
+    for r in torch.nonzero(diag.rank > 1).flatten().tolist():
+        own, other = int(diag.scores.prompt_index[r]), int(diag.best_other[r])
+        out.append(
+            {
+                "row": r,
+                "own_column": own,
+                "best_other_column": other,
+                "own_logp_per_token": float(token_scores[r, own]),
+                "other_logp_per_token": float(token_scores[r, other]),
+                "margin": float(token_scores[r, other] - token_scores[r, own]),
+                "rank": int(diag.rank[r]),
+            }
+        )
+    out.sort(key=lambda item: -item["margin"])
+    return out[:limit]
+
+
+def _column_labels(diag: Diagnosis) -> list[str]:
+    """Each distinct prompt's observation (the first row's that has it)."""
+    labels = [""] * diag.scores.logp_sum.shape[1]
+    for row, j in zip(diag.rows, diag.scores.prompt_index.tolist()):
+        labels[j] = labels[j] or row.observation
+    return labels
+
+
+def _plots(diag: Diagnosis, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    own = diag.scores.prompt_index.numpy()
+    order = np.argsort(own, kind="stable")
+    token_scores = per_token(diag.scores.logp_sum, diag.scores.num_tokens).numpy()
+    rows, cols = token_scores.shape
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, max(3.5, 0.12 * rows + 1.5)))
+    centred = token_scores - token_scores.mean(axis=1, keepdims=True)
+    bounds = np.flatnonzero(np.diff(own[order])) + 0.5  # between prompt groups
+    for ax, mat, label in [
+        (axes[0], token_scores[order], "log p(z | x_j) / |z|"),
+        (axes[1], centred[order], "minus the row mean"),
+    ]:
+        im = ax.imshow(mat, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.scatter(own[order], np.arange(rows), marker="x", color="red", s=12, label="own prompt")
+        for b in bounds:
+            ax.axhline(b, color="white", linewidth=0.6)
+        ax.set(xlabel="prompt column j", ylabel="sample (grouped by its own prompt)", title=label)
+        ax.set_xticks(range(cols))
+        plt.colorbar(im, ax=ax)
+    axes[0].legend(loc="upper right", fontsize=7)
+    fig.suptitle("Cross-scores: an input-driven policy shows a bright ×-diagonal on the right")
+    fig.tight_layout()
+    fig.savefig(folder / "heatmap.png", dpi=110)
+    plt.close(fig)
+
+    m, splits = diag.metrics, diag.info["splits"]
+    h, frac = m["cond_entropy"], m["mi_fraction"]
+    h_max = max(2.0 * splits["entropy"], 1.25 * h, 1e-3)
+    y_low, y_high = min(-0.1, frac - 0.05), 1.05
+    fig, ax = plt.subplots(figsize=(6, 5))
+    ax.axvline(splits["entropy"], color="grey", linestyle="--", linewidth=0.8)
+    ax.axhline(splits["mi_fraction"], color="grey", linestyle="--", linewidth=0.8)
+    left, right = splits["entropy"] / 2, (splits["entropy"] + h_max) / 2
+    low, high = (y_low + splits["mi_fraction"]) / 2, (splits["mi_fraction"] + y_high) / 2
+    for x, y, text in [
+        (right, high, "healthy"),
+        (right, low, "template collapse"),
+        (left, high, "compressed"),
+        (left, low, "collapsed"),
+    ]:
+        ax.text(x, y, text, ha="center", va="center", color="dimgray", rotation=90 if x == left else 0)
+    ax.scatter([h], [frac], s=80, color="crimson", zorder=3)
+    ax.annotate(
+        f"H={h:.2f}, MI={m['mi_est']:.2f} (of log C={m['mi_upper_bound']:.2f})",
+        (h, frac),
+        textcoords="offset points",
+        xytext=(8, 8),
+        fontsize=8,
+    )
+    ax.set(
+        xlim=(0, h_max),
+        ylim=(y_low, y_high),
+        xlabel="H(Z|X), nats per token (cond_entropy)",
+        ylabel="I(X;Z) / log C (mi_est / mi_upper_bound)",
+        title=f"This pass: {diag.info['region']}",
+    )
+    fig.tight_layout()
+    fig.savefig(folder / "quadrant.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    counts = np.bincount(diag.rank.numpy(), minlength=cols + 1)[1:]
+    ax.bar(np.arange(1, cols + 1), counts, color="steelblue", label="rows")
+    ax.axhline(rows / cols, color="crimson", linestyle="--", label=f"chance (uniform, {rows / cols:.1f})")
+    ax.set(
+        xlabel="rank of the own prompt among the columns (1 = retrieved; ties count against it)",
+        ylabel="rows",
+        title=f"Retrieval: {m['retrieval_acc']:.2f} at rank 1, chance {m['retrieval_chance']:.2f}",
+        xticks=range(1, cols + 1),
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "ranks.png", dpi=110)
+    plt.close(fig)
+
+
+def _quote(text: str, limit: int = 300) -> str:
+    """One table cell: newlines shown as ⏎, pipes escaped, cut at ``limit`` characters."""
+    text = text if len(text) <= limit else text[:limit] + "…"
+    return text.replace("|", "\\|").replace("\n", " ⏎ ")
+
+
+SHOWN = (
+    "mi_est",
+    "mi_upper_bound",
+    "mi_fraction",
+    "cond_entropy",
+    "reasoning_entropy",
+    "retrieval_acc",
+    "retrieval_chance",
+    "retrieval_above_chance",
+    "mi_zscore",
+    "mi_est_seq",
+    "cond_entropy_seq",
+)
+
+
+def _index_md(diag: Diagnosis, wrong: list[dict[str, Any]]) -> str:
+    m, info = diag.metrics, diag.info
+    labels = _column_labels(diag)
+    lines = [
+        "# ragen2-diagnose report",
+        "",
+        f"Source: {info.get('source', '?')}. Scorer: {info.get('model', '?')}.",
+        f"{int(m['rows'])} first-turn rows with a valid Z over {int(m['columns'])} distinct prompts "
+        f"(chance retrieval 1/{int(m['columns'])} = {m['retrieval_chance']:.3f}).",
+        "",
+        f"**Region: {info['region']}** (H(Z|X) split {info['splits']['entropy']} nats/token, "
+        f"MI split {info['splits']['mi_fraction']} × log C).",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *(f"| `{k}` | {m[k]:.4f} |" for k in SHOWN),
+        "",
+        "All metrics: `metrics.json` (per token; `_seq` per sequence). Rows, scores and ranks: `rows.jsonl`.",
+        "",
+        "## The cross-score matrix",
+        "",
+        "Rows are samples grouped by their own prompt, columns the distinct prompts; × marks the own "
+        "column. MI lives in the variation across a row (right panel): a bright ×-diagonal means each "
+        "reasoning is most likely under its own input. Vertical stripes are prompts that make every "
+        "reasoning more (or less) likely; the marginal absorbs them.",
+        "",
+        "![cross-scores](heatmap.png)",
+        "",
+        "## H(Z|X) × I(X;Z)",
+        "",
+        "Entropy alone cannot tell healthy from template collapse: both are diverse. MI separates them.",
+        "",
+        "![quadrant](quadrant.png)",
+        "",
+        "## Retrieval ranks",
+        "",
+        "Where the own prompt ranks among all prompts for each sample; an input-blind policy spreads "
+        "evenly (the dashed line).",
+        "",
+        "![ranks](ranks.png)",
+        "",
+        f"## Samples that score at least as well under another prompt ({int(m['misretrieved_rows'])} "
+        f"of {int(m['rows'])})",
+        "",
+        "The visible face of template collapse: the reasoning explains another input as well as its own. "
+        "Margin = (best other − own) log-likelihood in nats per token.",
+        "",
+    ]
+    if wrong:
+        lines += [
+            "| row | seed | own prompt's state | reasoning Z | best other prompt's state | margin | rank |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for item in wrong:
+            row = diag.rows[item["row"]]
+            lines.append(
+                f"| {item['row']} | {row.seed} | {_quote(row.observation, 120)} | {_quote(row.reasoning)} "
+                f"| {_quote(labels[item['best_other_column']], 120)} | {item['margin']:+.3f} | {item['rank']} |"
+            )
+    else:
+        lines.append("None: every sample is retrieved by its own prompt.")
+    costs = (
+        f"Cost: {int(m['tokens_processed'])} token positions run, {m['token_bound_ratio']:.2f}× the minimum "
+        f"({int(m['token_bound'])})."
+    )
+    timings = ", ".join(f"{k} {v:.1f} s" for k, v in info.get("seconds", {}).items())
+    lines += ["", "## Cost", "", costs + (f" Time: {timings}." if timings else ""), ""]
+    return "\n".join(lines)
+
+
+def write_report(diag: Diagnosis, folder: str | Path, limit: int = 10) -> Path:
+    """Write the report folder (``metrics.json``, PNGs, ``rows.jsonl``, ``index.md``); returns it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    wrong = misretrieved(diag, limit)
+    record = {
+        "metrics": diag.metrics,
+        "region": diag.info["region"],
+        "splits": diag.info["splits"],
+        "misretrieved": wrong,
+        **{k: v for k, v in diag.info.items() if k not in ("region", "splits")},
+    }
+    (folder / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    token_scores = per_token(diag.scores.logp_sum, diag.scores.num_tokens)
+    with (folder / "rows.jsonl").open("w") as f:
+        for r, row in enumerate(diag.rows):
+            item = {
+                "seed": row.seed,
+                "sample": row.sample,
+                "column": int(diag.scores.prompt_index[r]),
+                "rank": int(diag.rank[r]),
+                "num_tokens": int(diag.scores.num_tokens[r]),
+                "logp_per_token": [round(v, 5) for v in token_scores[r].tolist()],
+                "reasoning": row.reasoning,
+            }
+            f.write(json.dumps(item) + "\n")
+    _plots(diag, folder)
+    (folder / "index.md").write_text(_index_md(diag, wrong))
+    return folder
