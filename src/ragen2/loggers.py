@@ -15,6 +15,9 @@ first step a (re)started logger writes is where the run resumed; history at or a
   writes its own ``offline-run-<time>-<id>`` folder and ``wandb sync`` appends them to that one run.
   A row the interrupted attempt logged after its last checkpoint stays in its file (wandb cannot
   rewind offline); plotted against ``trainer/global_step`` that iteration shows twice.
+- ``save_before_requeue``: submitit's USR2 handler requeues the job, and SLURM kills every process of it at
+  once; a step put in front of that handler (``ragen2.resume.requeue_plugins``) first has each logger write
+  out what it holds.
 
 Steps are Lightning's ``_batches_that_stepped``, one per RL iteration here, restored from the checkpoint.
 The two subclasses keep Lightning's class names: callbacks find the CSV logger by name (curves.png).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,13 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from ragen2.log import log
+
+# the loggers of this process, for save_before_requeue (a requeued job is killed right after the signal)
+_LIVE: weakref.WeakSet[Logger] = weakref.WeakSet()
 
 
 def rows_before(rows: Sequence[Mapping[str, str]], step: int) -> list[Mapping[str, str]]:
@@ -80,6 +90,10 @@ class _ResumingWriter(ExperimentWriter):
 class CSVLogger(pl_loggers.CSVLogger):
     """Lightning's CSVLogger, appending to ``metrics.csv`` across restarts without repeating a step."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _LIVE.add(self)
+
     @property
     @rank_zero_experiment
     def experiment(self) -> _ResumingWriter:
@@ -95,6 +109,7 @@ class TensorBoardLogger(pl_loggers.TensorBoardLogger):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._marked = False
+        _LIVE.add(self)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -119,4 +134,24 @@ def wandb_run_id(run_dir: str | os.PathLike[str]) -> str:
 
 def wandb_logger(save_dir: str, id: str | None = None, **kwargs: Any) -> WandbLogger:
     """Lightning's WandbLogger whose run id is ``wandb_run_id(save_dir)`` unless ``id`` is given."""
-    return WandbLogger(save_dir=save_dir, id=id or wandb_run_id(save_dir), **kwargs)
+    logger = WandbLogger(save_dir=save_dir, id=id or wandb_run_id(save_dir), **kwargs)
+    _LIVE.add(logger)
+    return logger
+
+
+def save_before_requeue() -> None:
+    """Put on disk what this process's loggers still hold: called from the USR2 handler just before
+    ``scontrol requeue``, which kills the job's processes, wandb's service among them (its unflushed
+    records, the last iterations of an offline run, would be lost). The wandb run is marked preempting and
+    finished; the requeued job continues it under the same id."""
+    for logger in list(_LIVE):
+        try:
+            if isinstance(logger, WandbLogger):
+                run = logger._experiment
+                if run is not None:
+                    run.mark_preempting()
+                    run.finish()
+            else:
+                logger.save()
+        except Exception as err:  # a logger that cannot flush must not stop the requeue
+            log.warning("could not save %s before the requeue: %s", type(logger).__name__, err)

@@ -14,7 +14,9 @@
 
 Requeueing belongs to submitit (``conf/hydra/launcher/slurm.yaml``, ``slurm/README.md``): its USR2
 handler calls the launcher's ``checkpoint()``, which resubmits the same Hydra job, then requeues.
-``slurm_plugins`` hands Lightning a ``SLURMEnvironment(auto_requeue=False)`` so that Lightning's own
+``requeue_plugins`` puts one step in front of that handler: the loggers write out what they hold
+(``scontrol requeue`` kills every process of the job at once, wandb's service among them).
+It also hands Lightning a ``SLURMEnvironment(auto_requeue=False)`` so that Lightning's own
 USR1 handler (save ``hpc_ckpt_*.ckpt`` from inside a signal handler, ``scontrol requeue``) is never
 installed and a job is never requeued twice.
 """
@@ -22,8 +24,11 @@ installed and a job is never requeued twice.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from omegaconf import DictConfig
@@ -88,9 +93,34 @@ def run_ckpt_path(cfg: DictConfig) -> str | None:
     return resolve_ckpt_path(cfg.get("ckpt_path"), checkpoint_dir(cfg))
 
 
-def slurm_plugins() -> list[Any]:
-    """Trainer plugins under SLURM: Lightning's SLURM environment with its auto-requeue off (submitit
-    requeues). Empty elsewhere, and in interactive allocations, where Lightning does not use SLURM either."""
+def requeue_plugins() -> list[Any]:
+    """Requeue handling for this process; returns the trainer's plugins.
+
+    In a submitit job, the loggers are saved before submitit's requeue signal handler runs. Under SLURM,
+    Lightning's SLURM environment with its auto-requeue off (submitit requeues); no plugin elsewhere, nor in
+    interactive allocations, where Lightning does not use SLURM either."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
+    if os.environ.get("SUBMITIT_EXECUTOR"):
+        _save_loggers_before_requeue()
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def _save_loggers_before_requeue() -> None:
+    """Chains ``save_before_requeue`` in front of submitit's handler of its requeue signal (USR2 unless
+    ``SUBMITIT_PREEMPT_SIGNAL`` says otherwise), which submitit installed before starting the job."""
+    from ragen2.loggers import save_before_requeue
+
+    signum = signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
+    submitit_handler = signal.getsignal(signum)
+    if not callable(submitit_handler) or getattr(submitit_handler, "saves_loggers", False):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        save_before_requeue()
+        submitit_handler(sig, frame)
+
+    handler.saves_loggers = True  # type: ignore[attr-defined]
+    signal.signal(signum, handler)

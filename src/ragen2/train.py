@@ -11,7 +11,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from ragen2.config import CONF_DIR, build, check_batch, command_line, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
-from ragen2.resume import run_ckpt_path, slurm_plugins  # noqa: E402
+from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -30,7 +30,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     # a group entry set to null (callbacks.curves=null) switches that piece off
     callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=slurm_plugins())
+    trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=requeue_plugins())
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if trainer.is_global_zero:
         log.info("run folder: %s", cfg.run_dir)

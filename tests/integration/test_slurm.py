@@ -118,7 +118,6 @@ def test_sweep_runs_as_slurm_jobs(slurm_cluster: dict[str, str], tmp_path: Path)
         "seed=0,1",
         "debug=fast",
         "~callbacks.curves",
-        "ckpt_path=last",
     ]
     done = subprocess.run(
         [*train, *overrides], cwd=tmp_path, env=slurm_cluster, capture_output=True, text=True, timeout=240

@@ -11,7 +11,7 @@ import pytest
 
 from ragen2.config import ConfigError, compose
 from ragen2.loggers import CSVLogger, TensorBoardLogger, rows_before, wandb_run_id
-from ragen2.resume import checkpoint_dir, resolve_ckpt_path, run_ckpt_path, slurm_plugins
+from ragen2.resume import checkpoint_dir, requeue_plugins, resolve_ckpt_path, run_ckpt_path
 
 SLURM_JOB = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}
 SUBMITIT_LOCAL_JOB = {"SUBMITIT_EXECUTOR": "local"}
@@ -71,13 +71,13 @@ def test_composed_config_resumes_from_its_run_folder(tmp_path: Path, monkeypatch
 def test_lightning_does_not_requeue_under_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
-    assert slurm_plugins() == []
+    assert requeue_plugins() == []
     monkeypatch.setenv("SLURM_NTASKS", "1")
     monkeypatch.setenv("SLURM_JOB_NAME", "ragen2")
-    (env,) = slurm_plugins()
+    (env,) = requeue_plugins()
     assert type(env).__name__ == "SLURMEnvironment" and env.auto_requeue is False
     monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: Lightning ignores SLURM too
-    assert slurm_plugins() == []
+    assert requeue_plugins() == []
 
 
 def _csv_rows(save_dir: Path) -> list[dict[str, str]]:
@@ -159,3 +159,26 @@ def test_wandb_run_id_is_one_per_run_folder(tmp_path: Path, monkeypatch: pytest.
     assert wandb_run_id("a") == wandb_run_id(tmp_path / "a") == wandb_run_id(str(tmp_path / "a") + "/")
     assert wandb_run_id("a") != wandb_run_id("b")
     assert len(wandb_run_id("a")) == 16 and wandb_run_id("a").isalnum()
+
+
+def test_loggers_are_saved_before_submitit_requeues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    calls: list[bool] = []
+    metrics = tmp_path / "csv" / "metrics.csv"
+    # stands in for submitit's USR2 handler, which runs `scontrol requeue` (the job is killed right after)
+    original = signal.signal(signal.SIGUSR2, lambda *_: calls.append(metrics.is_file()))
+    try:
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+        monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+        requeue_plugins()
+        chained = signal.getsignal(signal.SIGUSR2)
+        requeue_plugins()  # a second run in the process does not chain the step twice
+        assert signal.getsignal(signal.SIGUSR2) is chained
+        held = CSVLogger(save_dir=str(tmp_path), name="csv", version="", flush_logs_every_n_steps=100)
+        held.log_metrics({"train/iteration": 0}, step=0)  # buffered: the next flush would be at step 99
+        assert not metrics.is_file()
+        signal.raise_signal(signal.SIGUSR2)
+        assert calls == [True]  # the row was on disk when the requeueing handler ran
+    finally:
+        signal.signal(signal.SIGUSR2, original)
