@@ -159,6 +159,20 @@ def cut_at_stop(
     return list(ids), None
 
 
+def _repack_embeddings(worker: Any) -> None:
+    """Re-run the embeddings' post-load step after a reload (runs inside the engine's worker).
+
+    vLLM's CPU backend packs the (tied) embedding matrix for the LM head once, when it loads;
+    ``reload_weights`` refreshes the linear layers but leaves that packed copy stale, so the LM head
+    would go on scoring with the old weights (measured: log-prob gaps of ~1 after a sync).
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in worker.model_runner.get_model().modules():
+        if isinstance(module, VocabParallelEmbedding):
+            module.quant_method.process_weights_after_loading(module)
+
+
 class VLLMSampler:
     needs_oracle = False
     records_entropy = False  # vLLM returns the sampled token's log-prob, not the distribution's entropy
@@ -214,6 +228,7 @@ class VLLMSampler:
         if self._asleep:
             llm.wake_up(tags=["weights"])
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_named_tensors(model)})
+        llm.collective_rpc(_repack_embeddings)
         if self._asleep:
             llm.wake_up(tags=["kv_cache"])
             self._asleep = False
