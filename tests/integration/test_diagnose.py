@@ -11,7 +11,8 @@ import pytest
 from ragen2.config import ConfigError, compose
 from ragen2.diagnose import run
 from ragen2.diagnostics.mi import METRIC_KEYS
-from ragen2.diagnostics.report import rows_from_episodes
+from ragen2.diagnostics.regimes import Regime
+from ragen2.diagnostics.report import Row, Splits, diagnose, misretrieved, read_jsonl, rows_from_episodes
 
 FAST = ("model=tiny", "rollout=scripted", "env=sokoban")
 FILES = ("metrics.json", "heatmap.png", "quadrant.png", "ranks.png", "rows.jsonl", "index.md")
@@ -42,6 +43,46 @@ def test_samples_first_turns_and_writes_the_report(tmp_path: Path) -> None:
     assert f"over {cols} distinct prompts" in index
     assert record["misretrieved"] and "## Samples that score at least as well" in index
     assert set(record["seconds"]) == {"load", "rollout", "cross-scoring"}
+
+
+@pytest.mark.parametrize(
+    ("entropy", "mi", "regime"),
+    [
+        (0.6, 0.2, Regime.HEALTHY),
+        (0.6, 0.1, Regime.TEMPLATE_COLLAPSE),  # at the split counts as low
+        (0.5, 0.2, Regime.COMPRESSED),
+        (0.1, 0.0, Regime.COLLAPSED),
+    ],
+)
+def test_splits_name_the_papers_regimes(entropy: float, mi: float, regime: Regime) -> None:
+    assert Splits(mi_fraction=0.1, entropy=0.5).regime(entropy, mi) is regime
+
+
+def test_misretrieved_rows_are_those_ranked_below_the_top(small_llama) -> None:
+    x1, x2 = (1, 2, 3), (1, 2, 4)
+    rows = [
+        Row(x, z, seed, 0, f"state {seed}", "") for seed, x in enumerate((x1, x2)) for z in ((5, 6), (7,))
+    ]
+    diag = diagnose(small_llama, rows)
+    wrong = misretrieved(diag, limit=10)
+    assert [w["row"] for w in sorted(wrong, key=lambda w: w["row"])] == [
+        r for r in range(4) if int(diag.rank[r]) > 1
+    ]
+    assert [w["margin"] for w in wrong] == sorted((w["margin"] for w in wrong), reverse=True)
+    assert all(w["margin"] >= 0 and w["best_other_column"] != w["own_column"] for w in wrong)
+    assert diag.metrics["misretrieved_rows"] == len(wrong)
+    with pytest.raises(ValueError, match="fewer than 2 distinct prompts"):
+        diagnose(small_llama, rows[:2])
+
+
+def test_read_jsonl_refuses_other_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": []}\n')
+    with pytest.raises(ValueError, match="lacks"):
+        read_jsonl(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(ValueError, match="not JSON"):
+        read_jsonl(bad)
 
 
 def test_reads_a_runs_saved_rollouts(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@
   ``rows.jsonl`` and an ``index.md`` that shows them.
 
 The quadrant (METHOD.md §1): H(Z|X) says whether the reasoning is diverse within one input, I(X;Z)
-whether it depends on the input. The four regions are named as in the paper: diverse and input-driven
-(healthy), diverse but input-blind (template collapse), input-driven but low-entropy (compressed),
-neither (collapsed). A single pass has no run of its own to compare with, so the splits are absolute
+whether it depends on the input. The four regions are the paper's regimes (``ragen2.diagnostics.regimes``,
+the names and codes training logs as ``diag/regime``): diverse and input-driven (healthy), diverse but
+input-blind (template collapse), input-driven but low-entropy (compressed), neither (collapsed). Training
+classifies relative to the run's own first pass; a single pass has none, so here the splits are absolute
 and configurable (``Splits``): MI as a fraction of its ceiling log C, H(Z|X) in nats per token.
 """
 
@@ -34,6 +35,7 @@ from ragen2.agent.reasoning import reasoning_ids
 from ragen2.agent.runner import EpisodeRunner
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
 from ragen2.diagnostics.mi import mi_metrics, per_token, true_rank
+from ragen2.diagnostics.regimes import Regime
 from ragen2.rollout.base import PromptMeta, Sample, Sampler, SamplingParams
 
 
@@ -62,11 +64,10 @@ class Splits:
         if self.entropy <= 0.0:
             raise ValueError(f"entropy={self.entropy} must be > 0 nats/token")
 
-    def region(self, cond_entropy: float, mi_fraction: float) -> str:
-        diverse, driven = cond_entropy > self.entropy, mi_fraction > self.mi_fraction
-        if diverse:
-            return "healthy" if driven else "template collapse"
-        return "compressed" if driven else "collapsed"
+    def regime(self, cond_entropy: float, mi_fraction: float) -> Regime:
+        """The paper's regime of one pass (``ragen2.diagnostics.regimes``: the same names and codes as
+        ``diag/regime``), with absolute splits in place of the run's first pass."""
+        return Regime.of(entropy_low=cond_entropy <= self.entropy, mi_low=mi_fraction <= self.mi_fraction)
 
 
 @dataclass
@@ -228,7 +229,9 @@ def diagnose(model: Any, rows: Sequence[Row], splits: Splits = Splits(), **score
         "token_bound_ratio": scores.tokens_processed / scores.token_bound,
     }
     diag = Diagnosis(list(rows), scores, metrics, rank, best_other)
-    diag.info["region"] = splits.region(metrics["cond_entropy"], mi_fraction)
+    regime = splits.regime(metrics["cond_entropy"], mi_fraction)
+    metrics["regime"] = float(regime)
+    diag.info["region"] = regime.label
     diag.info["splits"] = asdict(splits)
     return diag
 
