@@ -4,17 +4,21 @@ from ragen2.diagnostics.cross_scoring import CrossScores, cross_score, naive_cro
 from ragen2.diagnostics.metric import MIMetric
 from ragen2.diagnostics.mi import METRIC_KEYS, mi_metrics, zscore
 from ragen2.diagnostics.regimes import REGIME_TABLE, Regime, RegimeThresholds, classify
+from ragen2.diagnostics.report import Diagnosis, diagnose, write_report
 
 __all__ = [
     "METRIC_KEYS",
     "REGIME_TABLE",
     "CrossScores",
+    "Diagnosis",
     "MIMetric",
     "Regime",
     "RegimeThresholds",
     "classify",
     "cross_score",
+    "diagnose",
     "mi_metrics",
     "naive_cross_score",
+    "write_report",
     "zscore",
 ]
