@@ -71,11 +71,13 @@ def resolve_ckpt_path(
         if not restartable_job(environ):
             return None
         found = last_checkpoint(checkpoints)
-        restart = environ.get("SLURM_RESTART_COUNT", "0")
+        restart = (
+            f" (SLURM restart {environ['SLURM_RESTART_COUNT']})" if "SLURM_RESTART_COUNT" in environ else ""
+        )
         if found is None:
-            log.info("ckpt_path=auto: no checkpoint in %s, starting fresh (restart %s)", checkpoints, restart)
+            log.info("ckpt_path=auto: no checkpoint in %s, starting fresh%s", checkpoints, restart)
             return None
-        log.info("ckpt_path=auto: resuming from %s (restart %s)", found, restart)
+        log.info("ckpt_path=auto: resuming from %s%s", found, restart)
         return str(found)
     if value in LIGHTNING_VALUES or "://" in value:  # remote paths are Lightning's (fsspec) to check
         return value

@@ -111,7 +111,7 @@ def test_usr2_requeues_and_the_run_resumes_with_its_history(
         -3000:
     ]
     assert re.search(r"\[ragen2\] SLURM_JOB_ID=\d+ .* restart 1\b", log), log[-3000:]
-    resumed = re.search(r"ckpt_path=auto: resuming from (\S+) \(restart 1\)", log)
+    resumed = re.search(r"ckpt_path=auto: resuming from (\S+) \(SLURM restart 1\)", log)
     assert resumed and Path(resumed.group(1)) == run_dir / "checkpoints" / "last.ckpt", log[-3000:]
     assert "Job completed successfully" in log
     assert "Requeuing SLURM job" not in log and "hpc_ckpt" not in log  # Lightning never requeued
