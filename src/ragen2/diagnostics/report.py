@@ -341,7 +341,7 @@ def _plots(diag: Diagnosis, folder: Path) -> None:
     ax.bar(np.arange(1, cols + 1), counts, color="steelblue", label="rows")
     ax.axhline(rows / cols, color="crimson", linestyle="--", label=f"chance (uniform, {rows / cols:.1f})")
     ax.set(
-        xlabel="rank of the own prompt among the columns (1 = retrieved; ties count against it)",
+        xlabel="own prompt's rank (1 = retrieved; ties count against it)",
         ylabel="rows",
         title=f"Retrieval: {m['retrieval_acc']:.2f} at rank 1, chance {m['retrieval_chance']:.2f}",
         xticks=range(1, cols + 1),
