@@ -182,11 +182,11 @@ def _check_ranks(cfg: DictConfig) -> None:
             f"each rank rolls out an equal share. Fix: rollout.groups a multiple of {world}"
         )
     sampler = str(OmegaConf.select(cfg, "rollout.sampler._target_", default=""))
-    if target == SHARDED and sampler.endswith("HFSampler"):
+    if world > 1 and "vllm" in sampler:
         raise ConfigError(
-            f"rollout.sampler={sampler} with trainer=fsdp: HF generate stops early on some ranks, and every "
-            "forward of a sharded model is a collective, so the ranks would hang. Fix: rollout=vllm "
-            "(or rollout=scripted), or trainer=ddp"
+            f"rollout.sampler={sampler} with {world} ranks: the in-process vLLM engine takes over the "
+            "default process group, so it serves one process only for now. Fix: rollout=hf (under "
+            "trainer=fsdp it samples from a full copy of the weights), or trainer.devices=1"
         )
 
 

@@ -37,6 +37,7 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return torch.load(out, weights_only=False)
 
 
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_update_exactly_as_one(strategy: str, one_rank: dict, tmp_path: Path) -> None:
     out = tmp_path / "out.pt"
@@ -65,7 +66,7 @@ def _metrics(run: Path) -> list[dict[str, str]]:
         return [row for row in csv.DictReader(f) if row.get("train/iteration")]
 
 
-def _train(run: Path, strategy: str, iterations: int, *extra: str) -> None:
+def _train(run: Path, strategy: str, iterations: int, *extra: str, rollout: str = "scripted") -> None:
     _launch(
         [
             sys.executable,
@@ -73,7 +74,7 @@ def _train(run: Path, strategy: str, iterations: int, *extra: str) -> None:
             "ragen2.train",
             f"trainer={strategy}",
             "model=tiny",
-            "rollout=scripted",
+            f"rollout={rollout}",
             "rollout.groups=8",
             "algo.optim.lr=1e-3",
             "algo.mini_batch_size=8",
@@ -88,6 +89,7 @@ def _train(run: Path, strategy: str, iterations: int, *extra: str) -> None:
     )
 
 
+@pytest.mark.timeout(1800)  # three launches of two processes each
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_uneven_ranks_train_and_resume_equals_going_on(strategy: str, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -114,3 +116,12 @@ def test_uneven_ranks_train_and_resume_equals_going_on(strategy: str, tmp_path: 
     ):
         if key in rows[-1]:
             assert float(again[key]) == pytest.approx(float(rows[-1][key]), rel=1e-5, abs=1e-7), key
+
+
+def test_fsdp_samples_with_hf_from_a_full_copy_of_the_shards(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _train(run, "fsdp", 1, "rollout.max_new_tokens=8", "filter=none", rollout="hf")  # an update every time
+    (row,) = _metrics(run)
+    # the sampler's log-probs (the gathered copy) are the sharded training model's own
+    assert float(row["rollout/logprob_gap_max"]) < 1e-4
+    assert float(row["train/optimizer_steps"]) >= 1

@@ -48,6 +48,7 @@ from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.shaping import OverlongShaping
 from ragen2.distributed import Ranks
 from ragen2.models.loading import load_tokenizer
+from ragen2.models.weights import full_named_tensors, weights_version
 from ragen2.rollout.base import Sampler
 
 # Dynamic sampling's later rounds draw instance and sampler seeds above both round 0's and the held-out
@@ -77,6 +78,23 @@ class _Once(torch.utils.data.IterableDataset):
 
     def __len__(self) -> int:
         return 1
+
+
+def _is_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _tied_names(model: Any) -> set[str]:
+    """State-dict names that alias another parameter (an LM head tied to the embeddings)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.setdefault(id(p), name)
+    return tied
 
 
 def _loader(batch: Any) -> torch.utils.data.DataLoader:
@@ -122,6 +140,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.val = settings(ValConfig, val, "val")
         self.output_dir = output_dir
         self.tokenizer: Any = None
+        self._full_policy: Any = None  # trainer=fsdp: the unsharded copy the sampler samples from
+        self._synced: tuple[int, int] | None = None
         self.sampler: Sampler | None = None
         self.runner: EpisodeRunner | None = None
 
@@ -167,8 +187,27 @@ class RolloutDataModule(L.LightningDataModule):
         return Ranks.current() if self.trainer is not None else Ranks()
 
     def _policy(self) -> Any:
+        """The model the sampler samples from: the module's policy, or under FSDP a full copy of it."""
         module = None if self.trainer is None else self.trainer.lightning_module
-        return module.policy if isinstance(module, HoldsPolicy) else None
+        policy = module.policy if isinstance(module, HoldsPolicy) else None
+        return self._unsharded(policy) if _is_sharded(policy) else policy
+
+    def _unsharded(self, policy: Any) -> Any:
+        """A full copy of an FSDP-sharded policy, refreshed from every rank's shards (a collective: every
+        rank rolls out). HF generate stops early on some ranks and would desynchronise the sharded
+        model's per-forward gathers; the copy samples without any collective."""
+        from transformers import AutoModelForCausalLM
+
+        if self._full_policy is None:
+            self._full_policy = AutoModelForCausalLM.from_config(policy.config, dtype=policy.dtype).eval()
+        if self._synced != weights_version(policy):
+            weights = dict(full_named_tensors(policy))
+            missing = self._full_policy.load_state_dict(weights, strict=False).missing_keys
+            self._full_policy.tie_weights()
+            untied = [k for k in missing if k not in _tied_names(self._full_policy)]
+            assert not untied, f"the sampling copy lacks {untied}"
+            self._synced = weights_version(policy)
+        return self._full_policy
 
     def _resample_slot(self, iteration: int, round: int) -> int:
         """A distinct index per (iteration, round ≥ 1): max_rounds − 1 slots per iteration."""
@@ -309,6 +348,7 @@ class RolloutDataModule(L.LightningDataModule):
         batch.metrics["time/rollout"] = rollout_s
         if self.rollout_cfg.save_jsonl:
             self._write_jsonl(out.episodes, out.placed, iteration, keep)
+        self._release()
         return batch
 
     def _write_jsonl(
@@ -330,6 +370,11 @@ class RolloutDataModule(L.LightningDataModule):
                     record = {"iteration": iteration, "round": r, "kept": kept, **ep.to_record()}
                     f.write(json.dumps(record) + "\n")
 
+    def _release(self) -> None:
+        """Let a backend that can free its memory during the update do so (vLLM's sleep mode on GPU,
+        ``rollout.sampler.sleep_during_update``); the next ``sync_weights`` wakes it."""
+        getattr(self.sampler, "sleep", lambda: None)()
+
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         iteration = self.trainer.current_epoch if self.trainer is not None else 0
         return _loader(self.rollout(iteration))
@@ -346,6 +391,7 @@ class RolloutDataModule(L.LightningDataModule):
         results = evaluate(
             self.runner, self.sampler, seeds, self.val.samples, sorted({1, self.val.k}), sample_seed=self.seed
         )
+        self._release()
         return {**validation_metrics(results), "time/validation": time.perf_counter() - start}
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:

@@ -314,8 +314,8 @@ class PolicyModule(L.LightningModule):
         """
         lengths = batch.attention_mask.sum(-1).tolist()
         chunks = micro_batches(lengths, self.algo.max_tokens_per_micro_batch)
+        (most,) = Ranks.current().max([len(chunks)])  # before any forward: ranks' collectives stay in step
         parts = [fn(batch.select(torch.tensor(rows))) for rows in chunks]
-        (most,) = Ranks.current().max([len(chunks)])
         for _ in range(most - len(chunks)):
             fn(self._pad)
         if not parts:  # no rows here
