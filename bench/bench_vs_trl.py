@@ -278,6 +278,48 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+KEYS = ("iteration_s", "rollout_s", "update_s", "completion_tokens")
+
+
+def summarise(rows: dict[str, list[dict[str, float]]]) -> tuple[dict, dict, float]:
+    """Per-side medians, their ragen2 ÷ TRL ratios, and the median of the paired per-repeat ratios."""
+    n = min(len(rs) for rs in rows.values())
+    summary = {name: {k: _median(rs[:n], k) for k in KEYS} for name, rs in rows.items()}
+    ratios = {k: summary["ragen2"][k] / summary["trl"][k] for k in KEYS}
+    paired = statistics.median(
+        a["iteration_s"] / b["iteration_s"] for a, b in zip(rows["ragen2"], rows["trl"])
+    )
+    return summary, ratios, paired
+
+
+def write_results(
+    args: argparse.Namespace,
+    prompts: list[dict[str, Any]],
+    rows: dict[str, list[dict[str, float]]],
+    complete: bool,
+) -> None:
+    summary, ratios, paired = summarise(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "args": {
+                    k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if v is not None
+                },
+                "complete": complete,  # false: the race was stopped early; these are the repeats it finished
+                "prompt_tokens": [len(p["ids"]) for p in prompts],
+                "repeats": rows,
+                "median": summary,
+                "ratio_ragen2_to_trl": ratios,
+                "paired_iteration_ratio_median": paired,
+                "load_average_1min": os.getloadavg()[0],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="builtin")
@@ -335,15 +377,13 @@ def main() -> None:
                     f"  update {row['update_s']:7.1f}s  tokens {row['completion_tokens']:5.0f}",
                     flush=True,
                 )
+            write_results(
+                args, prompts, rows, complete=r + 1 == args.repeats
+            )  # a long race keeps what it has
     finally:
         for w in workers.values():
             w.close()
-    keys = ("iteration_s", "rollout_s", "update_s", "completion_tokens")
-    summary = {name: {k: _median(rs, k) for k in keys} for name, rs in rows.items()}
-    ratios = {k: summary["ragen2"][k] / summary["trl"][k] for k in keys}
-    paired = statistics.median(
-        a["iteration_s"] / b["iteration_s"] for a, b in zip(rows["ragen2"], rows["trl"])
-    )
+    summary, ratios, paired = summarise(rows)
     print(f"\n{'':<8}{'iteration s':>13}{'rollout s':>11}{'update s':>10}{'completion tokens':>19}")
     for name, s in summary.items():
         print(
@@ -357,24 +397,6 @@ def main() -> None:
     print(f"ragen2 / TRL iteration time: {ratios['iteration_s']:.2f} (paired per-repeat median {paired:.2f})")
     print(
         f"prompt tokens per group: {[len(p['ids']) for p in prompts[: args.groups]]}; worker logs in {work}"
-    )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "args": {
-                    k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if v is not None
-                },
-                "prompt_tokens": [len(p["ids"]) for p in prompts],
-                "repeats": rows,
-                "median": summary,
-                "ratio_ragen2_to_trl": ratios,
-                "paired_iteration_ratio_median": paired,
-                "load_average_1min_at_end": os.getloadavg()[0],
-            },
-            indent=2,
-        )
-        + "\n"
     )
     print(f"wrote {args.out}")
 
