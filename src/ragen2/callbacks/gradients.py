@@ -190,11 +190,10 @@ class GradientBuckets(L.Callback):
 def _update_inputs(module: PolicyModule, batch: RolloutBatch) -> tuple[UpdateInputs, RolloutBatch]:
     """The module's pre-update inputs for every row, KL in the reward applied, advantages over all groups.
 
-    ``_pre_update`` with every row in its "first mini-batch" leaves old log-probs to be filled on-policy
-    by ``loss_terms`` (unless values or KL in the reward need them up front, when it computes them all).
+    ``update_inputs`` leaves old log-probs to be filled on-policy by ``loss_terms`` (unless values or KL
+    in the reward need them up front, when it computes them all).
     """
-    n = batch.input_ids.shape[0]
-    inputs = module._pre_update(batch, [[torch.arange(n)]])
+    inputs = module.update_inputs(batch)
     shaped = batch
     if module.algo.kl_reward is not None:
         assert inputs.ref_logp is not None

@@ -142,6 +142,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.tokenizer: Any = None
         self._full_policy: Any = None  # trainer=fsdp: the unsharded copy the sampler samples from
         self._synced: tuple[int, int] | None = None
+        self._jsonl_trimmed = False  # rollouts.rank<r>.jsonl cut back to before this run's first iteration
         self.sampler: Sampler | None = None
         self.runner: EpisodeRunner | None = None
 
@@ -362,7 +363,15 @@ class RolloutDataModule(L.LightningDataModule):
         rank = self._ranks().rank
         root = Path(self.output_dir or (self.trainer.default_root_dir if self.trainer else "."))
         root.mkdir(parents=True, exist_ok=True)
-        with (root / f"rollouts.rank{rank}.jsonl").open("a") as f:
+        path = root / f"rollouts.rank{rank}.jsonl"
+        if not self._jsonl_trimmed and path.is_file():
+            # a resumed (requeued) run redoes the iteration it was cut off in: keep each iteration once
+            kept = [
+                line for line in path.read_text().splitlines() if json.loads(line)["iteration"] < iteration
+            ]
+            path.write_text("".join(f"{line}\n" for line in kept))
+        self._jsonl_trimmed = True
+        with path.open("a") as f:
             for r, episodes in enumerate(rounds):
                 for ep in episodes:
                     at = placed.get((r, ep.group))

@@ -270,6 +270,11 @@ class PolicyModule(L.LightningModule):
             log.info("iteration %d: the filter kept no group; no update this iteration", iteration)
         return {"filter/skipped": 1.0, "filter/empty_streak": float(streak)}
 
+    def update_inputs(self, batch: RolloutBatch) -> UpdateInputs:
+        """Step 1 for a batch trained as one mini-batch (a diagnostic's view before the update): old
+        log-probs are left to ``loss_terms`` (on-policy), unless values or KL in the reward need them."""
+        return self._pre_update(batch, [[torch.arange(batch.input_ids.shape[0])]])
+
     def _pre_update(self, batch: RolloutBatch, order: list[list[torch.Tensor]]) -> UpdateInputs:
         """Step 1. Values (GAE) and KL in the reward need every row before the first step; otherwise the
         first mini-batch's old log-probs are its own training forward, detached."""

@@ -195,3 +195,15 @@ def test_informative_groups_and_regroup() -> None:
     out = regroup(eps, [2, 0], first=5)
     assert [(e.seed, e.group, e.sample) for e in out] == [(12, 5, 0), (12, 5, 1), (10, 6, 0), (10, 6, 1)]
     assert [e.group for e in eps] == [0, 0, 1, 1, 2, 2]  # the caller's episodes are untouched
+
+
+def test_a_resumed_run_writes_each_iteration_of_saved_rollouts_once(tmp_path: Path) -> None:
+    first = _dm(save_jsonl=True, output_dir=str(tmp_path))
+    first.rollout(0)
+    first.rollout(1)  # cut off after this iteration's rollout, before its checkpoint
+    resumed = _dm(save_jsonl=True, output_dir=str(tmp_path))  # a requeued job resumes from iteration 1
+    resumed.rollout(1)
+    resumed.rollout(2)
+    records = [json.loads(line) for line in (tmp_path / "rollouts.rank0.jsonl").read_text().splitlines()]
+    per_iteration = {i: sum(r["iteration"] == i for r in records) for i in range(3)}
+    assert per_iteration == {0: 16, 1: 16, 2: 16}
