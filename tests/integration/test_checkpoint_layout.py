@@ -19,7 +19,9 @@ def to_first_layout(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """A current checkpoint rewritten the way the first layout stored it: the MI metric's EMA in the
     module's state dict, no layout number, no saved run settings."""
     old = dict(checkpoint)
-    callbacks = dict(old["callbacks"])
+    # the first layout's only stateful callbacks (the collapse monitor came later)
+    first = ("LastCheckpoint", "MIDiagnostics")
+    callbacks = {k: v for k, v in old["callbacks"].items() if k.split("{")[0] in first}
     old["callbacks"] = callbacks
     state_dict = dict(old["state_dict"])
     state_dict["mi_first_turn._extra_state"] = callbacks.pop("MIDiagnostics")["first_turn"]

@@ -25,6 +25,7 @@ pytestmark = [
 NAMESPACES = ("rollout/", "filter/", "diag/", "train/", "time/")
 
 
+@pytest.mark.timeout(1500)  # the engine's start and a built-in-model update on 2 shared cores
 def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
     from ragen2.config import compose
     from ragen2.models.loading import load_model
