@@ -23,10 +23,13 @@ parameter changed since the last sync. The engine starts lazily (first sync or g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -173,6 +176,40 @@ def _repack_embeddings(worker: Any) -> None:
             module.quant_method.process_weights_after_loading(module)
 
 
+@contextlib.contextmanager
+def _modules_vllm_can_scan() -> Iterator[None]:
+    """Hide, while the engine starts, the imported modules whose values vLLM cannot scan.
+
+    At start-up vLLM rebinds its kernels by reading ``vars(value).get(...)`` of every value of every
+    module in ``sys.modules``; a value whose ``__dict__`` is not a mapping (llvmlite's ``_lib_fn_wrapper``,
+    imported with numba by other libraries) makes that raise. Those modules leave ``sys.modules`` for the
+    scan and come back unchanged.
+    """
+
+    def scannable(module: Any) -> bool:
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            return True
+        for value in list(namespace.values()):
+            try:
+                with warnings.catch_warnings():  # hasattr may touch deprecated module attributes
+                    warnings.simplefilter("ignore")
+                    inner = vars(value) if hasattr(value, "__dict__") else {}
+            except TypeError:
+                continue
+            if not hasattr(inner, "get"):
+                return False
+        return True
+
+    hidden = {name: m for name, m in list(sys.modules.items()) if m is not None and not scannable(m)}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 class VLLMSampler:
     needs_oracle = False
     records_entropy = False  # vLLM returns the sampled token's log-prob, not the distribution's entropy
@@ -208,7 +245,8 @@ class VLLMSampler:
 
             set_num_threads = torch.set_num_threads
             try:
-                self.llm = LLM(**self.settings.engine_kwargs)
+                with _modules_vllm_can_scan():
+                    self.llm = LLM(**self.settings.engine_kwargs)
             finally:
                 # the CPU worker turns torch.set_num_threads into a no-op for its own thread binding;
                 # in-process that would also freeze the training side's setting
