@@ -155,3 +155,11 @@ def save_before_requeue() -> None:
                 logger.save()
         except Exception as err:  # a logger that cannot flush must not stop the requeue
             log.warning("could not save %s before the requeue: %s", type(logger).__name__, err)
+
+
+def finish(loggers: list[Any]) -> None:
+    """Close each wandb run once training ends: its service writes the last records now, not in an exit
+    hook that SLURM may cut short (it ends the job's other processes when the main one exits)."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            logger._experiment.finish()

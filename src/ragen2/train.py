@@ -11,6 +11,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from ragen2.config import CONF_DIR, build, check_batch, command_line, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
+from ragen2.loggers import finish as finish_loggers  # noqa: E402
 from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
 
 
@@ -32,6 +33,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=requeue_plugins())
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    finish_loggers(loggers)
     if trainer.is_global_zero:
         log.info("run folder: %s", cfg.run_dir)
     metrics = dict(module.last_metrics)
