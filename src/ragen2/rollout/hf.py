@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ragen2.models.kv import KV, cache_layers, cache_len, extend, grouped_query_attention, growing_cache
+from ragen2.models.weights import weights_version
 from ragen2.progress import bar
 from ragen2.rollout.base import PromptMeta, Sample, SamplingParams
 
@@ -82,10 +83,6 @@ class HFSampler:
         self.model = model  # same process, same tensors: nothing to copy
         self._held = []
 
-    def _weights_version(self) -> tuple[int, int]:
-        # every in-place update bumps its tensor's version: sum them all (an optimizer may skip the first)
-        return id(self.model), sum(p._version for p in self.model.parameters())
-
     @torch.no_grad()
     def generate(
         self,
@@ -98,7 +95,7 @@ class HFSampler:
             raise RuntimeError("HFSampler has no model: call sync_weights(model) before generate()")
         if not prompts:
             return []
-        if self._held_version != self._weights_version():
+        if self._held_version != weights_version(self.model):
             self._held = []  # weights changed in place: held keys/values are stale
         generator = torch.Generator().manual_seed(seed)
         was_training = self.model.training
@@ -113,7 +110,7 @@ class HFSampler:
                 out += samples
                 held += kept
             self._held = held if self.reuse_prefix else []
-            self._held_version = self._weights_version()
+            self._held_version = weights_version(self.model)
             return out
         finally:
             self.model.train(was_training)
