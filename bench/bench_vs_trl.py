@@ -61,6 +61,7 @@ def ragen2_overrides(args: argparse.Namespace) -> list[str]:
         "callbacks.curves=null",
         "callbacks.rollout_table=null",
         f"iterations={args.repeats}",
+        f"algo.share_prompt_prefix={str(args.share_prompt_prefix).lower()}",
     ]
 
 
@@ -328,6 +329,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="max new tokens per completion")
     parser.add_argument("--repeats", type=int, default=3, help="iterations per side, interleaved")
     parser.add_argument("--trl-venv", type=Path, default=Path("/work/venv-trl"))
+    parser.add_argument(
+        "--share-prompt-prefix",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ragen2 runs each group's prompt once in the update (algo.share_prompt_prefix)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vs_trl.json")
     parser.add_argument("--worker", choices=["ragen2", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
@@ -353,7 +360,16 @@ def main() -> None:
         f"--repeats={args.repeats}",
     ]
     workers = {
-        "ragen2": Worker("ragen2", [sys.executable, *common, "--worker=ragen2"], work / "ragen2.log"),
+        "ragen2": Worker(
+            "ragen2",
+            [
+                sys.executable,
+                *common,
+                "--worker=ragen2",
+                "--share-prompt-prefix" if args.share_prompt_prefix else "--no-share-prompt-prefix",
+            ],
+            work / "ragen2.log",
+        ),
         "trl": Worker(
             "trl",
             [

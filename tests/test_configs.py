@@ -81,3 +81,45 @@ def test_shared_bases_are_not_choices(override: str) -> None:
 def test_the_clipped_surrogate_is_written_once() -> None:
     files = [p for p in CONF_DIR.rglob("*.yaml") if "clipped_surrogate" in p.read_text()]
     assert files == [CONF_DIR / "algo" / "policy_loss" / "clipped.yaml"]
+
+
+@pytest.mark.parametrize(("dtype", "warns"), [("bfloat16", True), ("float16", True), ("float32", False)])
+def test_half_precision_weights_warn_that_small_steps_are_lost(
+    dtype: str, warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ragen2.config import validate
+
+    cfg = compose([f"model.dtype={dtype}", "algo.optim.lr=1e-6"])
+    with caplog.at_level("WARNING", logger="ragen2"):
+        validate(cfg)
+    assert ("rounded away" in caplog.text) is warns
+    if dtype == "bfloat16":
+        # lr · 2^9 = 5.12e-4: above it a weight's half-ulp exceeds the step, and the step is lost for real
+        assert "above 5.1e-04" in caplog.text
+        w = torch.tensor([5.2e-4, 0.02, -0.3], dtype=torch.bfloat16)
+        assert torch.equal(w + 1e-6, w)
+
+
+def test_the_paper_experiments_keep_fp32_weights_under_bf16_compute() -> None:
+    for experiment in ("paper_sokoban", "paper_frozenlake"):
+        cfg = compose([f"experiment={experiment}"])
+        assert (cfg.model.dtype, cfg.trainer.precision) == ("float32", "bf16-mixed")
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_a_precision_that_casts_the_batch_is_refused(precision: str) -> None:
+    from ragen2.config import validate
+
+    cfg = compose(["trainer=fsdp", "trainer.devices=1", f"trainer.precision={precision}"])
+    with pytest.raises(
+        ConfigError, match=rf"trainer.precision={precision}.*Fix: trainer.precision=\S+-mixed"
+    ):
+        validate(cfg)
+
+
+def test_shared_prompt_passes_are_refused_under_fsdp() -> None:
+    from ragen2.config import validate
+
+    validate(compose(["trainer=ddp", "algo.share_prompt_prefix=true"]))
+    with pytest.raises(ConfigError, match=r"algo.share_prompt_prefix=true with trainer=fsdp.*Fix:"):
+        validate(compose(["trainer=fsdp", "algo.share_prompt_prefix=true"]))

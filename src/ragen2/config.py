@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from ragen2.log import log
+
 # ${ragen2.tokens:a,b}: a token count as the floored product (Dr.GRPO's constant = tokens per turn × turns,
 # DAPO's overlong buffer = a fraction of the per-turn limit)
 OmegaConf.register_new_resolver("ragen2.tokens", lambda *xs: math.floor(math.prod(xs)), replace=True)
@@ -147,6 +149,48 @@ def validate(cfg: DictConfig) -> None:
     if int(cfg.iterations) < 1:
         raise ConfigError(f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch)")
     _check_ranks(cfg)
+    _check_precision(cfg)
+    _check_master_weights(cfg)
+
+
+#: Lightning precisions that cast every float tensor of the batch to half precision
+_HALF_BATCH = ("bf16-true", "16-true")
+
+
+def _check_precision(cfg: DictConfig) -> None:
+    """A ``-true`` half precision casts the rollout batch itself (rewards, the sampler's log-probs) to
+    bf16/fp16 before the update sees it: the importance ratios and advantages would be rounded."""
+    precision = str(cfg.trainer.get("precision", "32-true"))
+    if precision in _HALF_BATCH:
+        raise ConfigError(
+            f"trainer.precision={precision} casts the rollout batch (rewards, sampler log-probs) and the "
+            f"weights the optimizer steps to {precision.split('-')[0]}. Fix: trainer.precision="
+            f"{precision.replace('true', 'mixed')} with model.dtype=float32 (fp32 weights and batch, "
+            "half-precision compute)"
+        )
+
+
+#: significant bits of each half-precision weight dtype (the implicit leading bit included)
+_SIGNIFICANT_BITS = {"bfloat16": 8, "float16": 11}
+
+
+def _check_master_weights(cfg: DictConfig) -> None:
+    """Half-precision weights are what the optimizer steps: a step below half a unit in the last place of a
+    weight is rounded away. At lr 1e-6 (the paper's) bf16 loses the step of every weight above 5e-4."""
+    dtype, lr = str(cfg.model.get("dtype", "float32")), float(cfg.algo.optim.lr)
+    if dtype not in _SIGNIFICANT_BITS:
+        return
+    # half a unit in the last place of |w| ∈ [2^e, 2^(e+1)) is 2^(e-bits): above 2·lr·2^bits, lr rounds to 0
+    lost_above = lr * 2 ** (_SIGNIFICANT_BITS[dtype] + 1)
+    log.warning(
+        "model.dtype=%s: the optimizer steps %s weights, and a step of about algo.optim.lr=%g is rounded "
+        "away for every weight above %.1e in magnitude (most of a transformer's). Fix: model.dtype=float32 "
+        "with trainer.precision=bf16-mixed (fp32 weights and optimizer, bf16 compute)",
+        dtype,
+        dtype,
+        lr,
+        lost_above,
+    )
 
 
 #: strategies that train data-parallel with one global filter (conf/trainer/ddp.yaml, fsdp.yaml)
@@ -180,6 +224,12 @@ def _check_ranks(cfg: DictConfig) -> None:
         raise ConfigError(
             f"rollout.groups={groups} does not divide among {world} ranks (trainer.devices × num_nodes): "
             f"each rank rolls out an equal share. Fix: rollout.groups a multiple of {world}"
+        )
+    if target == SHARDED and OmegaConf.select(cfg, "algo.share_prompt_prefix", default=False):
+        raise ConfigError(
+            "algo.share_prompt_prefix=true with trainer=fsdp: it runs one extra decoder pass per shared "
+            "prompt, a number that differs between ranks, and every pass of a sharded model is a collective. "
+            "Fix: algo.share_prompt_prefix=false, or trainer=ddp"
         )
     sampler = str(OmegaConf.select(cfg, "rollout.sampler._target_", default=""))
     if world > 1 and "vllm" in sampler:

@@ -56,9 +56,9 @@ class Ranks:
         """The element-wise sum of ``x`` over ranks (a new tensor; ``x`` itself when there is one rank)."""
         if self.world == 1:
             return x
-        out = x.clone()
+        out = x.to(_backend_device(), copy=True)  # NCCL reduces CUDA tensors only
         dist.all_reduce(out)
-        return out
+        return out.to(x.device)
 
     def max(self, values: Sequence[int]) -> list[int]:
         """The element-wise maximum of a list of ints over ranks (lists of the same length)."""
@@ -78,3 +78,10 @@ class Ranks:
 
     def any(self, flag: bool) -> bool:
         return any(self.gather(bool(flag)))
+
+
+def _backend_device() -> torch.device:
+    """Where the default group's collectives take tensors: the rank's GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -132,3 +132,23 @@ def test_logged_loss_terms_sum_to_the_loss(train) -> None:
         cfg.algo.critic.vf_coef * metrics["train/critic/value_loss"], rel=1e-6
     )
     assert metrics["train/kl"] > 0  # the second mini-batch's policy has moved off the reference
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_sharing_the_prompt_pass_does_not_change_the_update(algo: str, train, monkeypatch) -> None:
+    # A group's rows share their prompt: run once (with gradients) under algo.share_prompt_prefix, the
+    # loss, its gradient and the critic's values (PPO reads the same hidden states) equal the plain pass's.
+    from ragen2.models import forward
+
+    calls = []
+    shared_pass = forward.shared_prefix_hidden
+    monkeypatch.setattr(forward, "shared_prefix_hidden", lambda *a: calls.append(1) or shared_pass(*a))
+    base = ["iterations=1", f"algo={algo}", "filter=none", "algo.mini_batch_size=16"]
+    plain, _ = train(base, name="plain")
+    assert not calls
+    shared, _ = train([*base, "algo.share_prompt_prefix=true"], name="shared")
+    assert calls  # the prompts were in fact shared
+    keys = ["train/grad_norm", "train/loss", "train/pg_loss", "train/entropy"]
+    keys += ["train/critic/value_loss", "train/critic/vpred_mean"] if algo == "ppo" else []
+    for key in keys:
+        assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key

@@ -1,8 +1,9 @@
 """The GPU path (``gpu``-marked: never in CI; run on a CUDA machine with ``pytest -m gpu``).
 
 One real iteration under ``trainer=gpu`` (bf16-mixed) with HF sampling, whose log-prob gap between the
-sampler and the training model stays small; FSDP2 (``trainer=fsdp``) on one device; the update's peak
-memory is reported by bench/bench_gpu.py, not asserted here.
+sampler and the training model stays small (the sampler runs under the trainer's autocast); DDP (NCCL)
+and FSDP2 (``trainer=fsdp``) on one device; each phase's peak memory is logged. Throughput and memory
+at real sizes come from bench/bench_gpu.py, not from here.
 """
 
 from __future__ import annotations
@@ -20,12 +21,26 @@ pytestmark = [
 
 
 def test_one_bf16_iteration_on_gpu(train: Callable) -> None:
-    metrics, _ = train(["trainer=gpu", "rollout=hf", "iterations=1", "rollout.max_new_tokens=16"])
+    metrics, _ = train(
+        ["trainer=gpu", "rollout=hf", "filter=none", "iterations=1", "rollout.max_new_tokens=16"]
+    )
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
     assert metrics["train/optimizer_steps"] >= 1
     # the sampler ran the same bf16 weights as the update's recomputation: bf16 rounding only
     assert metrics["rollout/logprob_gap_max"] < 0.5
     assert metrics["rollout/logprob_gap_abs"] < 0.05
+    for phase in ("rollout", "update"):
+        assert (
+            0
+            < metrics[f"perf/{phase}_peak_memory_gb"]
+            < torch.cuda.get_device_properties(0).total_memory / 2**30
+        )
+        assert metrics[f"perf/{phase}_tokens_per_s"] > 0
+
+
+def test_ddp_over_nccl_on_one_gpu(train: Callable) -> None:
+    metrics, _ = train(["trainer=ddp", "trainer.devices=1", "trainer.accelerator=gpu", "iterations=1"])
+    assert metrics["train/optimizer_steps"] >= 1
 
 
 def test_fsdp_on_one_gpu(train: Callable, tmp_path: Path) -> None:
@@ -34,7 +49,7 @@ def test_fsdp_on_one_gpu(train: Callable, tmp_path: Path) -> None:
             "trainer=fsdp",
             "trainer.devices=1",
             "trainer.accelerator=gpu",
-            "trainer.precision=bf16-true",
+            "trainer.precision=bf16-mixed",
             "iterations=2",
         ]
     )

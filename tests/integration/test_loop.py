@@ -117,3 +117,23 @@ def test_wandb_offline_files_and_curves_png(train, tmp_path: Path) -> None:
     assert offline and offline[0].stat().st_size > 0
     png = run_dir / "curves.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_perf_counts_every_sampled_and_every_trained_token(train, tmp_path: Path) -> None:
+    import json
+
+    _, cfg = train(["iterations=1", "filter=none", "algo.epochs=2", "rollout.save_jsonl=true"])
+    run_dir = Path(cfg.run_dir)
+    (row,) = [r for r in _metric_rows(run_dir) if r.get("train/iteration")]
+    records = [json.loads(line) for line in (run_dir / "rollouts.rank0.jsonl").read_text().splitlines()]
+    sampled = sum(len(t["sampled_ids"]) for r in records for t in r["turns"])
+    assert float(row["perf/rollout_tokens"]) == sampled > 0
+    # filter=none trains every episode, each forwarded once per epoch at its full length
+    episodes = len(records)
+    assert float(row["perf/update_tokens"]) == pytest.approx(
+        2 * episodes * float(row["rollout/sequence_length"]), rel=1e-6
+    )
+    for phase in ("rollout", "update"):
+        rate = float(row[f"perf/{phase}_tokens_per_s"]) * float(row[f"time/{phase}"])
+        assert rate == pytest.approx(float(row[f"perf/{phase}_tokens"]), rel=1e-6)
+        assert f"perf/{phase}_peak_memory_gb" not in row  # CUDA only

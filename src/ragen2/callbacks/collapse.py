@@ -24,7 +24,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from ragen2.config import ConfigError
-from ragen2.data.contracts import ReportsMetrics
+from ragen2.data.contracts import reported_metrics
 from ragen2.diagnostics.regimes import CURVE, PassMetrics, RegimeState, RegimeThresholds, evidence, step
 from ragen2.log import log
 
@@ -94,7 +94,7 @@ class CollapseMonitor(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        metrics = pl_module.last_metrics if isinstance(pl_module, ReportsMetrics) else {}
+        metrics = reported_metrics(pl_module)
         logged = self.observe(metrics, trainer.current_epoch)
         if logged:
             pl_module.log_dict(logged, on_step=True, on_epoch=False, batch_size=1)

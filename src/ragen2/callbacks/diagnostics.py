@@ -44,7 +44,7 @@ import torch
 
 from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch
-from ragen2.data.contracts import HoldsPolicy
+from ragen2.data.contracts import held_policy
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
 from ragen2.diagnostics.metric import MIMetric
 
@@ -207,12 +207,9 @@ class MIDiagnostics(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if (
-            isinstance(batch, RolloutBatch)
-            and isinstance(pl_module, HoldsPolicy)
-            and self.due(batch.iteration)
-        ):
-            batch.metrics.update(self.measure(pl_module.policy, batch))
+        policy = held_policy(pl_module)
+        if isinstance(batch, RolloutBatch) and policy is not None and self.due(batch.iteration):
+            batch.metrics.update(self.measure(policy, batch))
 
     def measure(self, policy: Any, batch: RolloutBatch) -> dict[str, float]:
         """``diag/<curve>/*`` and the pass's cost of one batch (also callable from a notebook).

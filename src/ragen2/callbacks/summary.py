@@ -7,7 +7,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from ragen2.data.contracts import ReportsMetrics
+from ragen2.data.contracts import reported_metrics
 from ragen2.log import log
 
 KEYS = (
@@ -30,7 +30,7 @@ class IterationSummary(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        metrics = dict(pl_module.last_metrics) if isinstance(pl_module, ReportsMetrics) else {}
+        metrics = dict(reported_metrics(pl_module))
         # callbacks that log on their own (the collapse monitor's diag/regime) land in callback_metrics
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k == "diag/regime"})
         parts = [f"{name} {fmt.format(metrics[key])}" for name, key, fmt in KEYS if key in metrics]

@@ -4,10 +4,9 @@ of the LightningModule. Structural types: a module satisfies them by having the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 
-@runtime_checkable
 class HoldsPolicy(Protocol):
     """What the DataModule needs of the module: the causal LM to sample from (synced every iteration)
     and that callbacks score with."""
@@ -15,9 +14,22 @@ class HoldsPolicy(Protocol):
     policy: Any
 
 
-@runtime_checkable
 class ReportsMetrics(Protocol):
     """What callbacks read after each iteration: every metric the iteration logged (``rollout/``,
     ``filter/``, ``diag/``, ``train/``, ``time/``), as plain floats."""
 
     last_metrics: Mapping[str, float]
+
+
+# Read through getattr, not ``isinstance(module, HoldsPolicy)``: from Python 3.12 a runtime protocol check
+# looks attributes up statically and misses an nn.Module's submodules (kept in ``_modules``), so a module
+# holding its policy would read as not holding one.
+def held_policy(module: Any) -> Any:
+    """``module.policy`` (``HoldsPolicy``), or None for a module without one."""
+    return getattr(module, "policy", None)
+
+
+def reported_metrics(module: Any) -> Mapping[str, float]:
+    """``module.last_metrics`` (``ReportsMetrics``), or an empty mapping for a module without them."""
+    metrics = getattr(module, "last_metrics", None)
+    return metrics if isinstance(metrics, Mapping) else {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from ragen2.agent.runner import EpisodeRunner
 from ragen2.algos.filters import filter_stats
 from ragen2.config import ConfigError, settings
 from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
-from ragen2.data.contracts import HoldsPolicy
+from ragen2.data.contracts import held_policy
 from ragen2.data.evaluation import evaluate, heldout_seeds, validation_metrics
 from ragen2.data.group_filter import GroupFilter
 from ragen2.data.metrics import rollout_metrics
@@ -49,6 +50,7 @@ from ragen2.data.shaping import OverlongShaping
 from ragen2.distributed import Ranks
 from ragen2.models.loading import load_tokenizer
 from ragen2.models.weights import full_named_tensors, weights_version
+from ragen2.perf import phase_metrics, start_phase
 from ragen2.rollout.base import Sampler
 
 # Dynamic sampling's later rounds draw instance and sampler seeds above both round 0's and the held-out
@@ -84,6 +86,15 @@ def _is_sharded(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+#: trainer.precision -> the autocast dtype the update's forwards run under
+_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def _device(model: Any) -> torch.device:
+    """The device the sampler's model lives on (the CPU without one: scripted responses)."""
+    return next(model.parameters()).device if model is not None else torch.device("cpu")
 
 
 def _tied_names(model: Any) -> set[str]:
@@ -190,8 +201,14 @@ class RolloutDataModule(L.LightningDataModule):
     def _policy(self) -> Any:
         """The model the sampler samples from: the module's policy, or under FSDP a full copy of it."""
         module = None if self.trainer is None else self.trainer.lightning_module
-        policy = module.policy if isinstance(module, HoldsPolicy) else None
+        policy = held_policy(module)
         return self._unsharded(policy) if _is_sharded(policy) else policy
+
+    def _precision(self, device: torch.device) -> AbstractContextManager:
+        """The update's autocast under a mixed precision (``bf16-mixed``): the sampler computes the log-probs
+        the update recomputes with the same numerics, at bf16 speed. Off otherwise."""
+        dtype = _AUTOCAST.get(str(self.trainer.precision)) if self.trainer is not None else None
+        return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
 
     def _unsharded(self, policy: Any) -> Any:
         """A full copy of an FSDP-sharded policy, refreshed from every rank's shards (a collective: every
@@ -333,8 +350,11 @@ class RolloutDataModule(L.LightningDataModule):
         policy = self._policy()
         if policy is not None:
             self.sampler.sync_weights(policy)
+        device = _device(policy)
+        start_phase(device)
         start = time.perf_counter()
-        out = self._single(iteration) if self.sampling is None else self._dynamic(iteration)
+        with self._precision(device):
+            out = self._single(iteration) if self.sampling is None else self._dynamic(iteration)
         rollout_s = max(self._ranks().gather(time.perf_counter() - start))  # the slowest rank's
         batch = out.batch
         keep, scores, stats = self._select(batch, out.trainable)
@@ -347,6 +367,8 @@ class RolloutDataModule(L.LightningDataModule):
         batch.metrics.update({f"filter/{k}": v for k, v in stats.items()})
         batch.metrics.update(out.metrics)
         batch.metrics["time/rollout"] = rollout_s
+        sampled_tokens = sum(len(t.sampled_ids) for eps in out.episodes for ep in eps for t in ep.turns)
+        batch.metrics.update(phase_metrics("rollout", sampled_tokens, rollout_s, device, self._ranks()))
         if self.rollout_cfg.save_jsonl:
             self._write_jsonl(out.episodes, out.placed, iteration, keep)
         self._release()
@@ -397,9 +419,15 @@ class RolloutDataModule(L.LightningDataModule):
             self.sampler.sync_weights(policy)
         start = time.perf_counter()
         seeds = heldout_seeds(self.seed, self.val.num_seeds)
-        results = evaluate(
-            self.runner, self.sampler, seeds, self.val.samples, sorted({1, self.val.k}), sample_seed=self.seed
-        )
+        with self._precision(_device(policy)):
+            results = evaluate(
+                self.runner,
+                self.sampler,
+                seeds,
+                self.val.samples,
+                sorted({1, self.val.k}),
+                sample_seed=self.seed,
+            )
         self._release()
         return {**validation_metrics(results), "time/validation": time.perf_counter() - start}
 

@@ -84,6 +84,10 @@ class AlgoConfig:
     """Episodes per optimizer step (fixed: fewer kept groups, fewer steps)."""
     max_tokens_per_micro_batch: int = 4096
     """Padded tokens per forward/backward."""
+    share_prompt_prefix: bool = False
+    """Run a prompt that several rows of a micro-batch share (a group's rollouts) once in the update's
+    forwards, its gradient summed over the rows: equal up to float rounding, far fewer tokens on
+    single-turn tasks. Not under gradient checkpointing (falls back to the plain pass) or FSDP (refused)."""
     loss_scaling: str = "none"
     """Scale the advantages by the filter's kept ratio: none | linear | sqrt."""
     max_empty_iterations: int = 10

@@ -61,6 +61,7 @@ from ragen2.modules.algo_config import AlgoConfig
 from ragen2.modules.critic import Critic
 from ragen2.modules.objectives import LossTerms
 from ragen2.modules.run_state import KEY, RunState, migrate
+from ragen2.perf import phase_metrics, start_phase
 from ragen2.progress import bar
 
 REF_PREFIX = "ref_policy."
@@ -89,14 +90,16 @@ def _token_scores(
     loss_mask: torch.Tensor,  # [b, T]
     temperature: float,
     with_entropy: bool,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(hidden [b, T, H], log-probs of the sampled tokens [b, T], entropies [b, T] or None): one forward.
+    """(hidden [b, T, H], log-probs of the sampled tokens [b, T], entropies [b, T] or None): one forward;
+    ``share_prefix`` runs a prompt that several rows share once (``algo.share_prompt_prefix``).
 
     Bound to each model as ``ragen2_token_scores`` so that FSDP2 can treat it as the model's forward
     (``register_fsdp_forward_method``): the decoder and the LM head are called directly, which would
     otherwise skip the root's all-gather of the embeddings, final norm and head.
     """
-    hidden = decoder_hidden(model, input_ids, attention_mask)
+    hidden = decoder_hidden(model, input_ids, attention_mask, share_prefix)
     logp, entropy = sampled_logprobs(
         hidden, input_ids, loss_mask, lm_head(model), temperature, with_entropy=with_entropy
     )
@@ -215,6 +218,7 @@ class PolicyModule(L.LightningModule):
     # ---- one iteration ----------------------------------------------------------------------
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         start = time.perf_counter()
+        start_phase(self.device)
         it = batch.iteration
         metrics = {**batch.metrics, "train/iteration": float(it)}
         ranks = Ranks.current()
@@ -253,6 +257,8 @@ class PolicyModule(L.LightningModule):
         # 5. log
         metrics.update(_logprob_gap(inputs.old_logp, train, ranks))
         metrics["time/update"] = time.perf_counter() - start
+        tokens = int(train.attention_mask.sum()) * self.algo.epochs  # forwarded once per epoch
+        metrics.update(phase_metrics("update", tokens, metrics["time/update"], self.device, ranks))
         self._log(metrics)
 
     def _skip(self, iteration: int) -> dict[str, float]:
@@ -294,15 +300,27 @@ class PolicyModule(L.LightningModule):
             ref_logp = self._scores(self.ref_policy, batch)[0] if self.ref_policy is not None else None
         return UpdateInputs(old_logp, known, ref_logp, values)
 
+    def _forward(
+        self, model: Any, mb: RolloutBatch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One forward of ``model`` (the policy or the reference) on a micro-batch: hidden states, the
+        sampled tokens' log-probs and, with ``with_entropy``, their entropies."""
+        return model.ragen2_token_scores(
+            mb.input_ids,
+            mb.attention_mask,
+            mb.loss_mask,
+            self.temperature,
+            with_entropy,
+            self.algo.share_prompt_prefix,
+        )
+
     def _scores(
         self, model: Any, batch: RolloutBatch, critic: Critic | None = None
     ) -> tuple[torch.Tensor, ...]:
         """[B, T] log-probs of the sampled tokens under ``model`` (and ``critic``'s values), micro-batched."""
 
         def score(mb: RolloutBatch) -> tuple[torch.Tensor, ...]:
-            hidden, logp, _ = model.ragen2_token_scores(
-                mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False
-            )
+            hidden, logp, _ = self._forward(model, mb)
             if critic is None:
                 return (logp,)
             return logp, critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask)
@@ -347,6 +365,13 @@ class PolicyModule(L.LightningModule):
             out.update(self.critic.stats(inputs.returns, inputs.values, mask, iteration))
         return out
 
+    def _arrange(self, rows: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+        """A mini-batch's rows in micro-batch order. Sharing prompts: by group (stably), so that the rows
+        that share a prompt fill micro-batches together; the mini-batch, and so the step, is the same."""
+        if not self.algo.share_prompt_prefix:
+            return rows
+        return rows[torch.sort(batch.group_index[rows], stable=True).indices]
+
     def _update(
         self,
         batch: RolloutBatch,
@@ -365,13 +390,13 @@ class PolicyModule(L.LightningModule):
         freeze_policy = self.critic is not None and not self.critic.trains_policy(iteration)
         weights = row_weights(batch.loss_mask, token_level)  # [B]
         budget = self.algo.max_tokens_per_micro_batch
+        arranged = [self._arrange(mini, batch) for minibatches in order for mini in minibatches]
         chunks = [
             [
                 mini[torch.tensor(rows)]
                 for rows in micro_batches(batch.attention_mask[mini].sum(-1).tolist(), budget)
             ]
-            for minibatches in order
-            for mini in minibatches
+            for mini in arranged
         ]
         most = ranks.max([len(c) for c in chunks])  # per step, the most micro-batches any rank has
         totals = ranks.sum(
@@ -418,9 +443,7 @@ class PolicyModule(L.LightningModule):
         """
         mb = batch.select(rows)
         width, mask, agg, norm = mb.input_ids.shape[1], mb.loss_mask, self.algo.loss_agg, self.algo.loss_norm
-        hidden, logp, entropy = self.policy.ragen2_token_scores(
-            mb.input_ids, mb.attention_mask, mask, self.temperature, True
-        )
+        hidden, logp, entropy = self._forward(self.policy, mb, with_entropy=True)
         assert entropy is not None
         fresh = ~inputs.known[rows]  # rows seen for the first time before any step: on-policy, old = current
         inputs.old_logp[rows[fresh], :width] = logp.detach()[fresh]
@@ -455,9 +478,7 @@ class PolicyModule(L.LightningModule):
         joins every collective of the others' passes (DDP's gradient all-reduce, FSDP's gathers) and
         gives every trained parameter a zero gradient."""
         mb = self._pad
-        hidden, logp, _ = self.policy.ragen2_token_scores(
-            mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False
-        )
+        hidden, logp, _ = self._forward(self.policy, mb)
         loss = logp.sum() * 0.0
         if self.critic is not None:
             loss = loss + self.critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask).sum() * 0.0
