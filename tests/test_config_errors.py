@@ -89,7 +89,6 @@ BAD = [
     (["trainer.devices=2"], r"trainer\.devices=2, .*strategy=None.*Fix: trainer=ddp or trainer=fsdp"),
     (["trainer.devices=auto"], r"trainer\.devices='auto'.*Fix: trainer\.devices=1"),
     (["trainer=ddp", "trainer.devices=3"], r"rollout\.groups=4 does not divide among 3 ranks.*Fix"),
-    (["trainer=ddp", "rollout=vllm"], r"rollout\.sampler=\S*vllm\S* with 2 ranks.*Fix: rollout=hf"),
     (["iterations=0"], r"iterations=0 must be ≥ 1"),
 ]
 # a typo in a group name: Hydra's own error names the group, the value and the options there are

@@ -202,7 +202,7 @@ SHARDED = "lightning.pytorch.strategies.ModelParallelStrategy"
 
 
 def _check_ranks(cfg: DictConfig) -> None:
-    """The device count, the strategy and the rollout backend must fit together (``ragen2.distributed``)."""
+    """The device count, the strategy and the settings that depend on them must fit together."""
     trainer = cfg.trainer
     devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
@@ -230,13 +230,6 @@ def _check_ranks(cfg: DictConfig) -> None:
             "algo.share_prompt_prefix=true with trainer=fsdp: it runs one extra decoder pass per shared "
             "prompt, a number that differs between ranks, and every pass of a sharded model is a collective. "
             "Fix: algo.share_prompt_prefix=false, or trainer=ddp"
-        )
-    sampler = str(OmegaConf.select(cfg, "rollout.sampler._target_", default=""))
-    if world > 1 and "vllm" in sampler:
-        raise ConfigError(
-            f"rollout.sampler={sampler} with {world} ranks: the in-process vLLM engine takes over the "
-            "default process group, so it serves one process only for now. Fix: rollout=hf (under "
-            "trainer=fsdp it samples from a full copy of the weights), or trainer.devices=1"
         )
 
 

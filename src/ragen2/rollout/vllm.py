@@ -19,6 +19,8 @@ Weights: ``sync_weights(model)`` streams the training module's tensors into the 
 (``collective_rpc("reload_weights")``, in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), gathering
 FSDP2 shards with ``full_named_tensors`` (a collective: every rank calls it). It is skipped when no
 parameter changed since the last sync. The engine starts lazily (first sync or generate, ~20-30 s).
+Under DDP/FSDP every rank has its own engine, fed the full weights, sampling its own groups
+(``one_engine_per_rank``).
 """
 
 from __future__ import annotations
@@ -167,6 +169,26 @@ def wave_budget(llm: Any) -> int | None:
     return int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
 
 
+def one_engine_per_rank() -> dict[str, Any]:
+    """Engine arguments that give each training rank its own engine, serving that rank's share of groups.
+
+    With several ranks, an in-process engine would take the job's process group as its own world; vLLM's
+    ``external_launcher`` joins the group as it is instead (tensor and data parallel 1: engines never wait
+    on each other while generating, so ranks may make different numbers of calls). It reads the rank from
+    the environment, which the launchers do not all set (SLURM sets none of it): set it from the group.
+    Creating the engine is a collective (vLLM builds its subgroups), which the first ``sync_weights`` is on
+    every rank. One process: no arguments.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return {}
+    local = torch.cuda.current_device() if torch.cuda.is_available() else int(os.environ.get("LOCAL_RANK", 0))
+    os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(local))
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+
+
 def cut_at_stop(
     ids: Sequence[int],
     eos_ids: set[int],
@@ -260,21 +282,15 @@ class VLLMSampler:
         if self.llm is None:
             import torch
 
-            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-                # the in-process engine takes the default process group as its own world (tensor
-                # parallel 1), which fails with several training ranks; untested with an external launcher
-                raise RuntimeError(
-                    f"rollout=vllm runs one engine in a single training process, but this run has "
-                    f"{torch.distributed.get_world_size()} ranks. Fix: trainer.devices=1, or rollout=hf"
-                )
             # in-process engine: reload_weights gets our tensors directly, no pickling to a worker
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             from vllm import LLM
 
+            kwargs = self.settings.engine_kwargs | one_engine_per_rank()
             set_num_threads = torch.set_num_threads
             try:
                 with _modules_vllm_can_scan():
-                    self.llm = LLM(**self.settings.engine_kwargs)
+                    self.llm = LLM(**kwargs)
             finally:
                 # the CPU worker turns torch.set_num_threads into a no-op for its own thread binding;
                 # in-process that would also freeze the training side's setting
