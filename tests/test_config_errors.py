@@ -27,6 +27,15 @@ BAD = [
     (["filter.strategy=topp"], r"filter\.strategy 'topp'.*choose one of"),
     (["filter.mode=exp"], r"filter\.mode 'exp'.*choose one of"),
     (
+        ["filter=rv_quartile", "filter.value=5"],
+        r"filter\.value=5: quantile .*filter\.bands=4, .*to 4\. Fix: filter\.value=1",
+    ),
+    (["filter=rv_quartile", "filter.bands=0"], r"filter\.bands=0: quantile .*Fix: filter\.bands=4"),
+    (
+        ["filter=trajectory", "filter.trajectory_fraction=1.5"],
+        r"filter\.trajectory_fraction=1\.5: .*\(0, 1\].*Fix: filter\.trajectory_fraction=0\.5",
+    ),
+    (
         ["filter.score=entropy", "rollout=scripted"],
         r"filter\.score='entropy'.*ScriptedSampler.*Fix: rollout=hf",
     ),

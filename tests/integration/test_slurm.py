@@ -17,11 +17,21 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from ragen2.config import CONF_DIR
+from ragen2.config import CONF_DIR, build, validate
+from ragen2.config import compose as ragen2_compose
 
 ROOT = CONF_DIR.parent
 LAUNCHERS = sorted(p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
+#: a sweep's jobs as CPU jobs on the local cluster (slurm/local_cluster.sh)
+SLURM_JOBS = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.partition=debug",
+    "hydra.launcher.cpus_per_task=1",  # two jobs side by side on a 2-core machine
+    "hydra.launcher.mem_gb=2",
+    "hydra.launcher.gpus_per_node=null",
+    "hydra.launcher.timeout_min=10",
+]
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -62,14 +72,46 @@ def test_sweep_config_composes_into_a_grid_of_existing_options(sweep: str) -> No
             _compose([f"+sweep={sweep}", f"{group}={option}"])
 
 
+def _grid(sweep: str) -> dict[str, list[str]]:
+    return {k: str(v).split(",") for k, v in _compose([f"+sweep={sweep}"]).hydra.sweeper.params.items()}
+
+
 def test_main_table_grid() -> None:
-    params = _compose(["+sweep=main_table"]).hydra.sweeper.params
-    assert {k: str(v).split(",") for k, v in params.items()} == {
+    assert _grid("main_table") == {
+        "experiment": ["paper_sokoban", "paper_frozenlake", "paper_metamathqa", "paper_countdown"],
         "algo": ["ppo", "dapo", "grpo", "drgrpo"],
         "filter": ["top_p", "none"],
-        "env": ["sokoban", "frozenlake"],
         "seed": ["0", "1", "2"],
     }
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_sweep_counts_match_the_docs(sweep: str) -> None:
+    """Each sweep file's header and slurm/README.md state its run count; both match the grid."""
+    runs = len(list(itertools.product(*_grid(sweep).values())))
+    header = (CONF_DIR / "sweep" / f"{sweep}.yaml").read_text().split("hydra:")[0]
+    assert re.search(rf"= {runs} runs", header), f"conf/sweep/{sweep}.yaml does not say '= {runs} runs'"
+    row = next(
+        line for line in (ROOT / "slurm" / "README.md").read_text().splitlines() if f"+sweep={sweep}`" in line
+    )
+    assert f"| {runs} |" in row, row
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_every_cell_of_a_sweep_builds_with_the_tiny_model(sweep: str) -> None:
+    """Each cell (every swept value but the seed) composes at the paper's scale, and its CPU smoke variant
+    (debug=fast, the model's weights replaced by the tiny model's) builds the data and policy modules."""
+    grid = _grid(sweep)
+    grid.pop("seed")
+    for cell in itertools.product(*grid.values()):
+        chosen = [f"+sweep={sweep}", *(f"{key}={value}" for key, value in zip(grid, cell))]
+        paper = ragen2_compose(chosen)
+        assert paper.trainer.get("accelerator") == "gpu" and paper.rollout.groups == 8, chosen
+        cfg = ragen2_compose([*chosen, "debug=fast", "model.name_or_path=tiny"])
+        validate(cfg)
+        build(cfg.data)
+        module = build(cfg.module)
+        assert module.algo is not None
 
 
 @pytest.fixture(scope="session")
@@ -108,12 +150,7 @@ def test_sweep_runs_as_slurm_jobs(slurm_cluster: dict[str, str], tmp_path: Path)
     sweep_dir = tmp_path / "sweep"
     train = [sys.executable, "-m", "ragen2.train", "--multirun"]
     overrides = [
-        "hydra/launcher=slurm",
-        "hydra.launcher.partition=debug",
-        "hydra.launcher.cpus_per_task=1",  # two jobs side by side on a 2-core machine
-        "hydra.launcher.mem_gb=2",
-        "hydra.launcher.gpus_per_node=null",
-        "hydra.launcher.timeout_min=10",
+        *SLURM_JOBS,
         f"hydra.sweep.dir={sweep_dir}",
         "seed=0,1",
         "debug=fast",

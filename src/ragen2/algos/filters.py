@@ -12,6 +12,21 @@ instead of indices:
 - `top_k` keeps max(1, min(int(p·G), #candidates)) groups, G counting all groups; `top_k_abs`
   keeps max(1, min(int(value), #candidates)).
 - `min_p` keeps s ≥ p·max(s) (`largest`), or s ≤ min(s)/p (`largest=False`, the reference's rule).
+- `quantile` (not in the reference: the paper's RV-quartile ablation, §9, trains on one quartile of the
+  groups) keeps band `value` of `bands` equal-count bands, 1 = the highest scores (the lowest with
+  `largest=False`). The C candidates are ranked by a stable ascending sort of the score (equal scores
+  keep group order) and the candidate of rank r goes to band n − ⌊r·n/C⌋, n = min(bands, C): band sizes
+  differ by at most one (C = 6, n = 4: 1, 2, 1, 2 from band 1); a run of equal scores that a band edge
+  splits puts its higher group ids in the band of higher scores; with fewer candidates than bands, the
+  bands past C are empty. This is `rv_buckets` of `ragen2.diagnostics.gradients` read from the other
+  end: over the same groups, band k holds exactly gradient bucket q(n + 1 − k), so the quartile trained
+  on is the bucket whose gradient norms are measured. Zero-score groups count only with `include_zero`,
+  as for every strategy (the paper's quartiles are over all groups: `conf/filter/rv_quartile.yaml` sets it).
+
+`extreme_rows` is the row-level counterpart, also not in the reference (the paper's trajectory-level
+control, Table 7): within each group it keeps the rollouts with the most extreme returns, half from the
+top and half from the bottom.
+
 Departures: ties are broken deterministically (stable sort: the lower group index wins; the
 reference's `topk` / unstable sort leave this unspecified); arithmetic is float64 (the reference
 uses float32 tensors); `none` keeps every group (the reference skips the filter instead); invalid
@@ -30,6 +45,7 @@ __all__ = [
     "SCORE_INPUTS",
     "SCORE_KINDS",
     "STRATEGIES",
+    "extreme_rows",
     "filter_stats",
     "group_scores",
     "loss_scale",
@@ -46,7 +62,7 @@ SCORE_INPUTS = {
     "entropy_std": "entropy",
     "length": "length",
 }
-STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "none")
+STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "quantile", "none")
 TOP_P_MODES = ("linear", "softmax")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 _ZERO = 1e-10  # the reference's threshold for a "zero-score" group
@@ -76,7 +92,7 @@ def group_scores(values: torch.Tensor, kind: str = "reward_std") -> torch.Tensor
     return x.mean(dim=1)
 
 
-def _validate(strategy: str, value: float, mode: str, eps: float) -> None:
+def _validate(strategy: str, value: float, mode: str, eps: float, bands: int) -> None:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown filter.strategy {strategy!r}; choose one of {STRATEGIES}")
     if strategy == "none":
@@ -96,6 +112,17 @@ def _validate(strategy: str, value: float, mode: str, eps: float) -> None:
         raise ValueError(f"filter.value for top_k_abs is a whole number of groups >= 1, got {value}")
     elif strategy == "min_p" and not 0 < value <= 1:
         raise ValueError(f"filter.value for min_p must be in (0, 1], got {value}")
+    elif strategy == "quantile":
+        if isinstance(bands, bool) or not float(bands).is_integer() or bands < 1:
+            raise ValueError(
+                f"filter.bands={bands!r}: quantile splits the groups into this many equal-count bands, a "
+                "whole number >= 1. Fix: filter.bands=4 (quartiles)"
+            )
+        if not float(value).is_integer() or not 1 <= value <= bands:
+            raise ValueError(
+                f"filter.value={value}: quantile trains on one band of filter.bands={bands}, a whole number "
+                f"from 1 (the highest scores) to {bands}. Fix: filter.value=1"
+            )
 
 
 def _top_p_linear(cand_scores: torch.Tensor, order: torch.Tensor, p: float, eps: float) -> torch.Tensor:
@@ -110,6 +137,15 @@ def _top_p_linear(cand_scores: torch.Tensor, order: torch.Tensor, p: float, eps:
     return order[:count] if cumulative >= threshold else order[:0]
 
 
+def _quantile_band(key: torch.Tensor, band: int, bands: int) -> torch.Tensor:
+    """Local indices of band `band` (1 = the highest keys) of min(bands, C) equal-count bands of key [C]."""
+    c = key.numel()
+    n = min(bands, c)
+    ascending = torch.sort(key, stable=True).indices  # [C] equal keys keep group order
+    which = n - torch.arange(c, device=key.device) * n // c  # [C] band of each ascending rank, 1 = top
+    return ascending[which == band]
+
+
 def select_groups(
     scores: torch.Tensor,
     strategy: str = "top_p",
@@ -119,9 +155,10 @@ def select_groups(
     include_zero: bool = False,
     eps: float = 0.01,
     largest: bool = True,
+    bands: int = 4,
 ) -> torch.Tensor:
     """Boolean keep-mask [G] over groups from their scores [G] (see the module docstring)."""
-    _validate(strategy, value, mode, eps)
+    _validate(strategy, value, mode, eps, bands)
     if scores.dim() != 1 or scores.numel() == 0:
         raise ValueError(
             f"select_groups expects a non-empty [G] score vector, got shape {tuple(scores.shape)}"
@@ -159,6 +196,8 @@ def select_groups(
     elif strategy in ("top_k", "top_k_abs"):
         k = int(value * n_groups) if strategy == "top_k" else int(value)
         chosen = order[: max(min(k, cs.numel()), 1)]
+    elif strategy == "quantile":
+        chosen = _quantile_band(key, int(value), int(bands))
     else:
         if largest:
             hit = cs >= cs.max() * value - _ZERO
@@ -169,6 +208,35 @@ def select_groups(
         chosen = hit.nonzero().squeeze(-1)
     keep[cand[chosen]] = True
     return keep
+
+
+def extreme_rows(returns: torch.Tensor, fraction: float = 0.5) -> torch.Tensor:
+    """[G, K] returns (K rollouts of group g in row g) -> [G, K] bool: each group's most extreme rollouts.
+
+    Each group keeps m = min(K, max(2, ⌊fraction·K⌋)) rollouts: the first ⌈m/2⌉ and the last ⌊m/2⌋ of one
+    stable descending sort of its returns (fraction 0.5 at K = 16: the top 4 and the bottom 4, 8 of 16).
+    At least 2, so that both ends are represented; fraction 1 keeps every rollout. One sort makes the two
+    ends disjoint even when returns tie: equal returns keep rollout order, so at the top edge the lower
+    rollout index is kept and at the bottom edge the higher one. A group of equal returns keeps m rollouts
+    like any other (every prompt trains, as in the paper's control).
+    """
+    if returns.dim() != 2 or returns.numel() == 0:
+        raise ValueError(f"extreme_rows expects non-empty [G, K] returns, got shape {tuple(returns.shape)}")
+    if not 0 < fraction <= 1:
+        raise ValueError(
+            f"extreme_rows: fraction (filter.trajectory_fraction) must be in (0, 1], got {fraction}"
+        )
+    x = returns.detach().to(torch.float64)
+    if not torch.isfinite(x).all():
+        raise ValueError("extreme_rows: returns contain NaN or inf")
+    g, k = x.shape
+    m = min(k, max(2, int(fraction * k)))
+    top = (m + 1) // 2
+    position = torch.arange(k, device=returns.device)
+    kept_position = (position < top) | (position >= k - (m - top))  # [K] sorted positions kept
+    order = torch.sort(x, dim=1, descending=True, stable=True).indices  # [G, K]
+    keep = torch.zeros(g, k, dtype=torch.bool, device=returns.device)
+    return keep.scatter_(1, order, kept_position.expand(g, k))
 
 
 def filter_stats(scores: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:

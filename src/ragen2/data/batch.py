@@ -29,6 +29,9 @@ class RolloutBatch:
     group_index: torch.Tensor  # [B] group of each episode, 0..G-1
     group_scores: torch.Tensor  # [G] the filter's score per group
     keep: torch.Tensor  # [G] bool: groups the update trains on
+    # [B] bool: rows the update may train on within kept groups (a trajectory-level filter's choice);
+    # all True for a group-level filter
+    keep_rows: torch.Tensor
     episodes: list[Episode] = field(default_factory=list)
     iteration: int = 0
     # this iteration's metrics from before the update: rollout/*, filter/*, time/* (the DataModule) and
@@ -46,8 +49,8 @@ class RolloutBatch:
 
     @property
     def kept_rows(self) -> torch.Tensor:
-        """[B'] indices of episodes in kept groups."""
-        return torch.nonzero(self.keep[self.group_index], as_tuple=False).squeeze(-1)
+        """[B'] indices of the episodes the update trains on: in kept groups, and kept by ``keep_rows``."""
+        return torch.nonzero(self.keep[self.group_index] & self.keep_rows, as_tuple=False).squeeze(-1)
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """A view on some episodes (rows), trimmed to their longest sequence."""
@@ -69,6 +72,7 @@ class RolloutBatch:
             **cut,
             returns=self.returns[rows],
             group_index=self.group_index[rows],
+            keep_rows=self.keep_rows[rows],
             episodes=[self.episodes[int(r)] for r in rows],
         )
 
@@ -137,6 +141,7 @@ def collate_episodes(
         group_index=torch.tensor([ep.group for ep in episodes], dtype=torch.long),
         group_scores=torch.zeros(num_groups, dtype=torch.float64),
         keep=torch.ones(num_groups, dtype=torch.bool),
+        keep_rows=torch.ones(b, dtype=torch.bool),
         episodes=list(episodes),
         iteration=iteration,
     )
@@ -153,12 +158,21 @@ def by_group(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) -
     return values[order].view(num_groups, -1)
 
 
+def ungroup(values: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """[G, K] per-group values -> [B] in batch row order: the inverse of ``by_group``."""
+    order = torch.argsort(group_index, stable=True)
+    out = torch.empty(group_index.numel(), dtype=values.dtype, device=values.device)
+    out[order] = values.reshape(-1)
+    return out
+
+
 def describe(batch: RolloutBatch) -> dict[str, Any]:
     """A compact summary for notebooks and logs."""
     return {
         "episodes": len(batch.episodes),
         "groups": batch.num_groups,
         "kept_groups": int(batch.keep.sum()),
+        "kept_rows": int(batch.kept_rows.numel()),
         "width": int(batch.input_ids.shape[1]),
         "sampled_tokens": int(batch.loss_mask.sum()),
         "mean_return": float(batch.returns.mean()),

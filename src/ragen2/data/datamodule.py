@@ -343,6 +343,13 @@ class RolloutDataModule(L.LightningDataModule):
         stats.update(kept_groups_rank_min=float(min(counts)), kept_groups_rank_max=float(max(counts)))
         return keep, scores, stats
 
+    def _row_stats(self, batch: RolloutBatch) -> dict[str, float]:
+        """The rows the update trains on, over every rank: their count and share of all rows (for a
+        group-level filter, the kept group ratio: groups are equal-sized)."""
+        counts = self._ranks().gather((int(batch.kept_rows.numel()), int(batch.keep_rows.numel())))
+        kept, rows = (sum(c) for c in zip(*counts, strict=True))
+        return {"kept_rows": float(kept), "kept_row_ratio": kept / rows}
+
     def rollout(self, iteration: int) -> RolloutBatch:
         """Collect and filter one iteration's batch (also callable from a notebook, without a Trainer)."""
         self.setup()
@@ -359,6 +366,8 @@ class RolloutDataModule(L.LightningDataModule):
         batch = out.batch
         keep, scores, stats = self._select(batch, out.trainable)
         batch.keep, batch.group_scores = keep, scores
+        batch.keep_rows = self.filter.rows(batch)
+        stats.update(self._row_stats(batch))
         # every rank's episodes: the logged numbers describe the whole iteration
         sampled = [ep for part in self._ranks().gather(out.episodes) for eps in part for ep in eps]
         batch.metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(sampled).items()})
@@ -370,7 +379,8 @@ class RolloutDataModule(L.LightningDataModule):
         sampled_tokens = sum(len(t.sampled_ids) for eps in out.episodes for ep in eps for t in ep.turns)
         batch.metrics.update(phase_metrics("rollout", sampled_tokens, rollout_s, device, self._ranks()))
         if self.rollout_cfg.save_jsonl:
-            self._write_jsonl(out.episodes, out.placed, iteration, keep)
+            trained = {(batch.episodes[r].group, batch.episodes[r].sample) for r in batch.kept_rows.tolist()}
+            self._write_jsonl(out.episodes, out.placed, iteration, trained)
         self._release()
         return batch
 
@@ -379,9 +389,10 @@ class RolloutDataModule(L.LightningDataModule):
         rounds: list[list[Episode]],
         placed: dict[tuple[int, int], int],
         iteration: int,
-        keep: torch.Tensor,
+        trained: set[tuple[int, int]],
     ) -> None:
-        """Every sampled episode, with its round and whether the update trains on it (group = in-round)."""
+        """Every sampled episode, with its round and whether the update trains on it (group = in-round;
+        ``trained`` holds (group in the batch, sample) of the rows the update trains on)."""
         rank = self._ranks().rank
         root = Path(self.output_dir or (self.trainer.default_root_dir if self.trainer else "."))
         root.mkdir(parents=True, exist_ok=True)
@@ -397,7 +408,7 @@ class RolloutDataModule(L.LightningDataModule):
             for r, episodes in enumerate(rounds):
                 for ep in episodes:
                     at = placed.get((r, ep.group))
-                    kept = at is not None and bool(keep[at])
+                    kept = at is not None and (at, ep.sample) in trained
                     record = {"iteration": iteration, "round": r, "kept": kept, **ep.to_record()}
                     f.write(json.dumps(record) + "\n")
 

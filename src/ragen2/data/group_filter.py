@@ -4,6 +4,21 @@ Each score type reduces its own per-rollout quantity (``ragen2.algos.filters.SCO
 returns for ``reward_*``, the mean next-token entropy the sampler recorded over the rollout's sampled
 positions for ``entropy*``, the rollout's sampled tokens for ``length``. The selection itself is the
 pure ``select_groups``; this object holds the knobs and refuses values that cannot work at construction.
+
+Two levels, composed: ``select`` chooses groups (one decision over every rank's gathered scores), and
+``rows`` chooses rollouts within each group: all of them by default, or with ``trajectory_fraction`` < 1
+the most extreme returns (``extreme_rows``; the paper's trajectory-level control is ``strategy=none``,
+``trajectory_fraction=0.5``: every prompt, half of its rollouts). A rank holds whole groups, so the row
+choice is local to it.
+
+The update computes advantages on the rows it trains on. For a group-level filter those are whole
+groups, so group statistics are untouched by the filter. Under a trajectory-level filter a group's mean
+and std (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) are those of its kept extremes. Why: the reference
+computes advantages after its filter, on the filtered batch, so a filter that drops rollouts there does
+the same; every estimator then sees exactly the rows that train, critic values, KL in the reward and
+whitening included, and no forward is spent on a dropped row; and GAE (PPO, whose Sokoban baseline, 12.9,
+is the no-filter row of the paper's Table 7) has no group statistics at all, only whitening over the
+trained rows, as with a group-level filter.
 """
 
 from __future__ import annotations
@@ -14,9 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ragen2.algos.filters import SCORE_INPUTS, SCORE_KINDS, filter_stats, group_scores, select_groups
+from ragen2.algos.filters import (
+    SCORE_INPUTS,
+    SCORE_KINDS,
+    extreme_rows,
+    filter_stats,
+    group_scores,
+    select_groups,
+)
 from ragen2.config import ConfigError
-from ragen2.data.batch import RolloutBatch, by_group
+from ragen2.data.batch import RolloutBatch, by_group, ungroup
 
 
 def _entropies(batch: RolloutBatch) -> torch.Tensor:
@@ -39,15 +61,16 @@ ROLLOUT_VALUES: dict[str, Callable[[RolloutBatch], torch.Tensor]] = {
 
 @dataclass(frozen=True)
 class GroupFilter:
-    """Keeps the groups with the most signal; ``strategy="none"`` keeps every group (the no-filter baseline)."""
+    """Keeps the groups with the most signal; ``strategy="none"`` keeps every group (the no-filter baseline).
+    Within kept groups, ``trajectory_fraction`` < 1 keeps only the rollouts with the most extreme returns."""
 
     score: str = "reward_std"
     """reward_std (the reference's "RV") | reward_var | reward_mean | entropy | entropy_std | length."""
     strategy: str = "top_p"
-    """top_p | top_k | top_k_abs | min_p | none."""
+    """top_p | top_k | top_k_abs | min_p | quantile | none."""
     value: float = 0.9
     """top_p: the share of the total score to keep, in (0, 1]; top_k: a fraction of groups; top_k_abs: a
-    count; min_p: the fraction of the best score."""
+    count; min_p: the fraction of the best score; quantile: the band, 1 (highest scores) … ``bands``."""
     mode: str = "linear"
     """top_p: linear (recommended) | softmax (depends on the scale of the scores)."""
     include_zero: bool = False
@@ -56,6 +79,11 @@ class GroupFilter:
     """top_p linear: the kept prefix must reach p·Σs − eps."""
     largest: bool = True
     """Keep the highest scores (False: the lowest)."""
+    bands: int = 4
+    """quantile: the number of equal-count bands of groups (4: quartiles)."""
+    trajectory_fraction: float = 1.0
+    """The share of each kept group's rollouts the update trains on, in (0, 1]: the most extreme returns,
+    half from the top and half from the bottom (at least one of each); 1 trains on every rollout."""
 
     def __post_init__(self) -> None:
         if self.score not in SCORE_KINDS:
@@ -67,8 +95,16 @@ class GroupFilter:
                 f"filter.value={self.value}: top_p keeps the groups holding this share of the total score, "
                 "a number in (0, 1] (1 keeps every group with a non-zero score). Fix: filter.value=0.9"
             )
-        try:  # validates strategy/value/mode/eps once (and warns once for softmax mode)
-            select_groups(torch.ones(2), self.strategy, self.value, mode=self.mode, eps=self.eps)
+        if not 0 < self.trajectory_fraction <= 1:
+            raise ConfigError(
+                f"filter.trajectory_fraction={self.trajectory_fraction}: the share of each group's rollouts "
+                "trained on, in (0, 1] (1 trains on every rollout). Fix: filter.trajectory_fraction=0.5 "
+                "(the paper's trajectory-level control) or 1"
+            )
+        try:  # validates strategy/value/mode/eps/bands once (and warns once for softmax mode)
+            select_groups(
+                torch.ones(2), self.strategy, self.value, mode=self.mode, eps=self.eps, bands=self.bands
+            )
         except ValueError as err:
             raise ConfigError(str(err)) from err
 
@@ -95,8 +131,15 @@ class GroupFilter:
                 include_zero=self.include_zero,
                 eps=self.eps,
                 largest=self.largest,
+                bands=self.bands,
             )
         return keep, filter_stats(scores, keep)
+
+    def rows(self, batch: RolloutBatch) -> torch.Tensor:
+        """[B] bool: the rows the update may train on within their groups (every row unless
+        ``trajectory_fraction`` < 1); per group, so each rank decides for its own groups."""
+        returns = by_group(batch.returns, batch.group_index, batch.num_groups)  # [G, K]
+        return ungroup(extreme_rows(returns, self.trajectory_fraction), batch.group_index)
 
     def __call__(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """The batch's groups -> (keep [G], scores [G], filter/* stats)."""

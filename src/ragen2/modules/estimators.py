@@ -56,8 +56,9 @@ def turn_ends(turn_index: torch.Tensor) -> torch.Tensor:
 class OutcomeAdvantage:
     """Episode-level advantages (GRPO, Dr.GRPO, RLOO) broadcast to every sampled token.
 
-    ``fn(returns[B], group_index[B]) -> [B]`` is one of ``ragen2.algos.advantages``. Filtering keeps
-    whole groups, so the group statistics of a kept group are those of the unfiltered batch.
+    ``fn(returns[B], group_index[B]) -> [B]`` is one of ``ragen2.algos.advantages``. A group-level filter
+    keeps whole groups, so a kept group's statistics are those of the unfiltered batch; under
+    trajectory-level filtering (``filter.trajectory_fraction`` < 1) they are those of its kept rollouts.
     """
 
     needs_values: ClassVar[bool] = False

@@ -9,8 +9,10 @@
    ``rollout/logprob_gap_*``). Rows trained before the first optimizer step reuse their training
    forward instead (on-policy: old = current).
 2. KL in the reward (``algo.kl_reward``).
-3. Advantages of the kept groups (``algo.advantage``; group statistics are those of whole groups),
-   scaled by the kept ratio if ``algo.loss_scaling`` asks.
+3. Advantages of the kept rows (``algo.advantage``): a group-level filter keeps whole groups, so group
+   statistics are those of whole groups; a trajectory-level one (``filter.trajectory_fraction``) leaves
+   those of the rows it keeps (``ragen2.data.group_filter`` says why). Scaled by the kept share of the
+   iteration's rows if ``algo.loss_scaling`` asks.
 4. ``algo.epochs`` passes of fixed-size mini-batches (fewer kept groups, fewer steps), each split into
    token-budget micro-batches: ``loss_terms`` (policy objective, entropy, KL, value), manual_backward,
    a gradient clip per parameter group, one optimizer step.
@@ -245,10 +247,11 @@ class PolicyModule(L.LightningModule):
             assert inputs.ref_logp is not None
             train, kl_stats = self.algo.kl_reward(train, inputs.old_logp, inputs.ref_logp, ranks.sum)
             metrics.update({f"train/{k}": v for k, v in kl_stats.items()})
-        # 3. advantages of the kept groups
+        # 3. advantages of the kept rows
         est = self.algo.advantage(train, inputs.values, ranks.sum)
-        kept_groups = ranks.sum(torch.tensor([float(batch.keep.sum()), float(batch.num_groups)]))
-        kept_ratio = float(kept_groups[0]) / float(kept_groups[1])
+        # the share of rows trained: for a group-level filter the kept group ratio (groups are equal-sized)
+        kept_share = ranks.sum(torch.tensor([float(kept.numel()), float(batch.input_ids.shape[0])]))
+        kept_ratio = float(kept_share[0]) / float(kept_share[1])
         inputs.advantages = est.advantages * loss_scale(kept_ratio, self.algo.loss_scaling)
         inputs.returns = est.returns
         metrics.update(self._advantage_stats(train, inputs, it, ranks))

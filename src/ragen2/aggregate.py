@@ -1,0 +1,53 @@
+"""ragen2-aggregate: a grid of ``ragen2-train --multirun`` runs as one table, mean ± 95 % CI over seeds per cell.
+
+ragen2-aggregate multirun/2026-11-22/15-54-14                 # one grid: the sweep folder holding 0/, 1/, …
+ragen2-aggregate multirun/2026-11-22 --out results            # every grid below it, each on its own
+ragen2-aggregate multirun/2026-11-22/15-54-14 --keys filter   # cells by these override keys
+
+A cell is one setting of the swept override keys (those whose value differs between the grid's jobs) but
+``seed``; its runs are the seeds. Each metric in ``METRICS`` is one number per run (its last value, or its
+best), then the mean and the two-sided 95 % Student t interval over the cell's complete runs. Runs that
+failed or stopped short are left out of the numbers and listed. Writes aggregate.csv, aggregate.md,
+aggregate_metrics.png and aggregate_curves.png into the grid's folder (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ragen2.grids import AggregateError, aggregate_folder, summary
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ragen2-aggregate", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "folder", help="a sweep folder (multirun/<date>/<time>, holding 0/, 1/, …) or one above"
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write here instead of into the grid's folder (several grids: a subfolder each)",
+    )
+    parser.add_argument(
+        "--keys",
+        default=None,
+        help="comma-separated override keys that make a cell (default: every swept key but seed)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        keys = None
+        if args.keys is not None:
+            keys = [k.strip() for k in args.keys.split(",") if k.strip()]
+            if not keys:
+                raise AggregateError(f"--keys {args.keys!r} names no key. Fix: e.g. --keys filter,algo")
+        reports = aggregate_folder(Path(args.folder), None if args.out is None else Path(args.out), keys)
+    except AggregateError as err:
+        sys.exit(f"ragen2-aggregate: {err}")
+    print("\n\n".join(summary(r) for r in reports))
+
+
+if __name__ == "__main__":
+    main()
