@@ -30,6 +30,7 @@ import functools
 import importlib.util
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -271,10 +272,12 @@ class VLLMSampler:
         self.llm: Any = None
         self._synced: tuple[int, int] | None = None
         self._asleep = False
-        # counters for benchmarks: prompt tokens sent, of them served from the prefix cache; weight syncs
+        # counters for benchmarks: prompt tokens sent, of them served from the prefix cache; weight syncs;
+        # seconds inside the engine's generate calls
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.syncs = 0
+        self.engine_seconds = 0.0
 
     # ---- engine -------------------------------------------------------------------------------
     def engine(self) -> Any:
@@ -371,8 +374,10 @@ class VLLMSampler:
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [self._params(params, seed * _REQUEST_SEED_STRIDE + i) for i in range(len(prompts))]
         outputs: list[Any] = []
+        start = time.perf_counter()
         for wave in waves([len(p) for p in prompts], wave_budget(llm)):
             outputs += llm.generate(requests[wave], sampling[wave], use_tqdm=False)
+        self.engine_seconds += time.perf_counter() - start
         return outputs
 
     def _sample(self, completion: Any, params: SamplingParams) -> Sample:
