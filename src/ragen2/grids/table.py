@@ -135,6 +135,7 @@ def read_series(path: Path) -> tuple[Series, int]:
     """csv/metrics.csv -> ({column: [(iteration, value), …]}, the number of iterations logged).
 
     Iteration rows carry ``train/iteration``; validation rows only ``epoch`` (the iteration they follow).
+    (``ragen2.callbacks.curves.read_metrics`` reads the same way, but importing it loads Lightning.)
     """
     series: Series = {}
     iterations: set[str] = set()
