@@ -150,7 +150,11 @@ def one_run(model_dir: Path, workload: str, strategy: str, scratch: Path, extra:
     cmd = [sys.executable, __file__, "--worker", json.dumps(overrides), "--result", str(result)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not result.is_file():
-        return {"overrides": overrides, "error": (proc.stdout + proc.stderr)[-3000:]}
+        text = proc.stdout + proc.stderr
+        # the first exception names the cause (a device-side assert surfaces again at teardown)
+        first = text.find("Traceback")
+        head = text[first : first + 3000] if first >= 0 else ""
+        return {"overrides": overrides, "error": head + "\n…\n" + text[-3000:]}
     return {"overrides": overrides, "metrics": json.loads(result.read_text())}
 
 

@@ -3,6 +3,7 @@
 ragen2-aggregate multirun/2026-11-22/15-54-14                 # one grid: the sweep folder holding 0/, 1/, …
 ragen2-aggregate multirun/2026-11-22 --out results            # every grid below it, each on its own
 ragen2-aggregate multirun/2026-11-22/15-54-14 --keys filter   # cells by these override keys
+ragen2-aggregate multirun/2026-11-22/15-54-14 --iterations 8  # every run at its first 8 iterations
 
 A cell is one setting of the swept override keys (those whose value differs between the grid's jobs) but
 ``seed``; its runs are the seeds. Each metric in ``METRICS`` is one number per run (its last value, or its
@@ -36,6 +37,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help="comma-separated override keys that make a cell (default: every swept key but seed)",
     )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="read each run's first N iterations only, and count a run complete once it has logged them "
+        "(a grid still running, or runs that stopped at different points: one common horizon)",
+    )
     args = parser.parse_args(argv)
     try:
         keys = None
@@ -43,7 +51,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             keys = [k.strip() for k in args.keys.split(",") if k.strip()]
             if not keys:
                 raise AggregateError(f"--keys {args.keys!r} names no key. Fix: e.g. --keys filter,algo")
-        reports = aggregate_folder(Path(args.folder), None if args.out is None else Path(args.out), keys)
+        if args.iterations is not None and args.iterations < 1:
+            raise AggregateError(f"--iterations {args.iterations}: must be ≥ 1. Fix: e.g. --iterations 8")
+        out = None if args.out is None else Path(args.out)
+        reports = aggregate_folder(Path(args.folder), out, keys, args.iterations)
     except AggregateError as err:
         sys.exit(f"ragen2-aggregate: {err}")
     print("\n\n".join(summary(r) for r in reports))

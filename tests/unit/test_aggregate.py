@@ -402,3 +402,35 @@ def test_empty_or_damaged_metrics_are_listed_not_fatal(tmp_path: Path) -> None:
         "job 1": "no iteration in csv/metrics.csv (ended before the first one finished)",
         "job 2": "no iteration in csv/metrics.csv (ended before the first one finished)",
     }
+
+
+def test_iterations_reads_every_run_at_one_horizon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = tmp_path / "sweep"
+    # configured for 2 iterations, but stopped at different points: 4, 3 (still running), 2
+    _job(grid, 0, ["filter=top_p", "seed=0"], _rows([0.0, 0.25, 0.5, 1.0], val=[0.5, 0.25, 0.75, 1.0]))
+    still_running = "submitit INFO - Starting with JobEnvironment\n"
+    _job(grid, 1, ["filter=top_p", "seed=1"], _rows([0.5, 0.5, 0.0]), log=still_running)
+    _job(grid, 2, ["filter=top_p", "seed=2"], _rows([0.25, 0.75]))
+    (report,) = aggregate_folder(grid, upto=3)
+    problems = {run.name: run.problem for run in report.runs}
+    # job 1 reached the horizon: how its job ends later does not count; job 2 did not
+    assert problems == {"job 0": None, "job 1": None, "job 2": "2 of 3 iterations"}
+    (cell,) = report.cells
+    # job 1 never validated, so rollout/success; job 0 read at its third iteration (0.5), not its fourth (1.0)
+    assert cell.stats["final_success"].key == "rollout/success"
+    assert sorted(cell.stats["final_success"].values) == [0.0, 0.5]
+    assert sorted(cell.stats["best_success"].values) == [0.5, 0.5]
+    assert sorted(cell.stats["final_reasoning_length"].values) == [12.0, 12.0]
+    assert "complete runs over their first 3 iterations (--iterations 3)" in report.markdown
+    # without a horizon: job 0 ran past its setting (complete), job 1's job has no verdict yet
+    (full,) = aggregate_folder(grid)
+    assert {run.name: run.problem for run in full.runs}["job 1"] == (
+        "submitit: the job's log ends without a verdict (still running, killed, out of memory?)"
+    )
+    assert sorted(full.cells[0].stats["final_success"].values) == [0.75, 1.0]
+    with pytest.raises(SystemExit, match=r"--iterations 0: must be ≥ 1\. Fix: e\.g\. --iterations 8"):
+        main([str(grid), "--iterations", "0"])
+    main([str(grid), "--iterations", "2", "--out", str(tmp_path / "out")])
+    assert "3 complete runs in 1 cells" in capsys.readouterr().out

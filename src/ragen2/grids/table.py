@@ -131,21 +131,22 @@ class Run:
     problem: str | None = None  # why it is left out of the numbers; None: a complete run
 
 
-def read_series(path: Path) -> tuple[Series, int]:
+def read_series(path: Path, upto: int | None = None) -> tuple[Series, int]:
     """csv/metrics.csv -> ({column: [(iteration, value), …]}, the number of iterations logged).
 
     Iteration rows carry ``train/iteration``; validation rows only ``epoch`` (the iteration they follow).
+    ``upto``: only iterations 0 … upto − 1 and the validations after them (a common horizon).
     (``ragen2.callbacks.curves.read_metrics`` reads the same way, but importing it loads Lightning.)
     """
     series: Series = {}
-    iterations: set[str] = set()
+    iterations: set[float] = set()
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
-            if row.get("train/iteration"):
-                iterations.add(row["train/iteration"])
-            x = row.get("train/iteration") or row.get("epoch") or ""
-            if x == "":
+            x = _float(row.get("train/iteration") or row.get("epoch"))
+            if x is None or (upto is not None and x >= upto):
                 continue
+            if row.get("train/iteration"):
+                iterations.add(x)
             for key, value in row.items():
                 number = _float(value)
                 if key not in ("step", "epoch") and number is not None:
@@ -250,17 +251,17 @@ def _log_text(folder: Path) -> str | None:
     return "\n".join(p.read_text(errors="replace") for p in logs) if logs else None
 
 
-def read_run(folder: Path, submitit: Mapping[str, Path]) -> Run:
-    """One job folder; ``submitit`` maps submitit job ids to their log folders."""
+def read_run(folder: Path, submitit: Mapping[str, Path], upto: int | None = None) -> Run:
+    """One job folder; ``submitit`` maps submitit job ids to their log folders; ``upto``: read_series'."""
     overrides = _yaml(folder / ".hydra" / "overrides.yaml")
     config = _yaml(folder / ".hydra" / "config.yaml") or {}
-    expected = config.get("iterations") if isinstance(config, dict) else None
+    expected = upto or (config.get("iterations") if isinstance(config, dict) else None)
     hydra = _yaml(folder / ".hydra" / "hydra.yaml")
     job = ((hydra.get("hydra") or {}).get("job") or {}) if isinstance(hydra, dict) else {}
     job_id = None if job.get("id") is None else str(job["id"])
     metrics = folder / "csv" / "metrics.csv"
     try:
-        series, iterations = read_series(metrics) if metrics.is_file() else ({}, 0)
+        series, iterations = read_series(metrics, upto) if metrics.is_file() else ({}, 0)
     except (csv.Error, UnicodeDecodeError, ValueError):  # a damaged file counts as one without iterations
         series, iterations = {}, 0
     return Run(
@@ -273,7 +274,10 @@ def read_run(folder: Path, submitit: Mapping[str, Path]) -> Run:
         expected=expected if isinstance(expected, int) else None,
         has_csv=metrics.is_file(),
         has_checkpoint=(folder / "checkpoints" / "last.ckpt").is_file(),
-        job_error=job_problem(submitit[job_id]) if job_id in submitit else None,
+        # past a horizon the run reached, how its job ended (still running, cancelled, crashed) is moot
+        job_error=None
+        if job_id not in submitit or (upto and iterations >= upto)
+        else job_problem(submitit[job_id]),
     )
 
 
@@ -288,10 +292,13 @@ def _submitit_folders(grid: Path) -> dict[str, Path]:
     return {p.name: p for p in folders if any(p.glob("*_submitted.pkl")) or any(p.glob("*_log.*"))}
 
 
-def read_grid(grid: Path) -> list[Run]:
-    """Every job of a sweep folder: its run folders, and submitit jobs that left none; with their verdicts."""
+def read_grid(grid: Path, upto: int | None = None) -> list[Run]:
+    """Every job of a sweep folder: its run folders, and submitit jobs that left none; with their verdicts.
+
+    ``upto``: every run read up to that many iterations, and complete only if it logged them all.
+    """
     submitit = _submitit_folders(grid)
-    runs = [read_run(folder, submitit) for folder in _job_folders(grid)]
+    runs = [read_run(folder, submitit, upto) for folder in _job_folders(grid)]
     claimed = {r.job_id for r in runs}
     for job_id, folder in submitit.items():
         if job_id not in claimed:
@@ -420,14 +427,17 @@ def failed_lines(runs: Sequence[Run], keys: Sequence[str]) -> list[tuple[str, st
     return out
 
 
-def markdown(grid: Path, cells: Sequence[Cell], runs: Sequence[Run], keys: Sequence[str]) -> str:
+def markdown(
+    grid: Path, cells: Sequence[Cell], runs: Sequence[Run], keys: Sequence[str], upto: int | None = None
+) -> str:
     failed = failed_lines(runs, keys)
     complete = sum(len(c.runs) for c in cells)
     header = [*keys, "n", "seeds", "success from", *(name.replace("_", " ") for name in METRICS)]
+    horizon = f" over their first {upto} iterations (--iterations {upto})" if upto else ""
     lines = [
         f"# ragen2-aggregate: `{grid}`",
         "",
-        f"{complete} complete runs in {len(cells)} cells (by {', '.join(keys) or 'nothing: one cell'}); "
+        f"{complete} complete runs{horizon} in {len(cells)} cells (by {', '.join(keys) or 'nothing: one cell'}); "
         f"{len(failed)} failed or incomplete, left out of the numbers (listed below).",
         "Each entry is mean ± half-width of the 95 % Student t interval over the cell's runs "
         "(mean ± t₀.₉₇₅,ₙ₋₁ · s/√n); `± —`: one run, no interval; `—`: no run logged it.",
@@ -543,15 +553,18 @@ class Report:
     markdown: str
 
 
-def aggregate_grid(grid: Path, out: Path | None = None, keys: Sequence[str] | None = None) -> Report:
-    """Read one sweep folder, aggregate it and write OUTPUTS into ``out`` (default: the sweep folder)."""
-    runs = read_grid(grid)
+def aggregate_grid(
+    grid: Path, out: Path | None = None, keys: Sequence[str] | None = None, upto: int | None = None
+) -> Report:
+    """Read one sweep folder (up to ``upto`` iterations per run), aggregate it, write OUTPUTS into ``out``
+    (default: the sweep folder)."""
+    runs = read_grid(grid, upto)
     keys = cell_keys([r.overrides for r in runs if r.overrides is not None], keys)
     cells = aggregate(runs, keys)
     out = grid if out is None else out
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path, metrics_png, curves_png = (out / name for name in OUTPUTS)
-    text = markdown(grid, cells, runs, keys)
+    text = markdown(grid, cells, runs, keys, upto)
     md_path.write_text(text)
     files = [
         write_csv(cells, keys, csv_path),
@@ -562,7 +575,9 @@ def aggregate_grid(grid: Path, out: Path | None = None, keys: Sequence[str] | No
     return Report(grid, list(keys), cells, runs, files, text)
 
 
-def aggregate_folder(path: Path, out: Path | None = None, keys: Sequence[str] | None = None) -> list[Report]:
+def aggregate_folder(
+    path: Path, out: Path | None = None, keys: Sequence[str] | None = None, upto: int | None = None
+) -> list[Report]:
     """Every grid at or below ``path``, each on its own (several grids with ``out``: one subfolder each)."""
     grids = find_grids(path)
     if not grids:
@@ -574,7 +589,7 @@ def aggregate_folder(path: Path, out: Path | None = None, keys: Sequence[str] | 
     reports = []
     for grid in grids:
         target = out if out is None or grid == path else out / grid.relative_to(path)
-        reports.append(aggregate_grid(grid, target, keys))
+        reports.append(aggregate_grid(grid, target, keys, upto))
     return reports
 
 
