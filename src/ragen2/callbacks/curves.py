@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from ragen2.grids.table import read_series
 from ragen2.log import log
 
 MAIN_CURVES = (
@@ -27,16 +27,7 @@ MAIN_CURVES = (
 
 def read_metrics(path: Path) -> dict[str, list[tuple[float, float]]]:
     """metrics.csv -> {key: [(iteration, value), …]} (rows without train/iteration are validation rows)."""
-    series: dict[str, list[tuple[float, float]]] = {}
-    with path.open() as f:
-        for row in csv.DictReader(f):
-            x = row.get("train/iteration") or row.get("epoch") or ""
-            if x == "":
-                continue
-            for key, value in row.items():
-                if value not in ("", None) and key not in ("step", "epoch"):
-                    series.setdefault(key, []).append((float(x), float(value)))
-    return series
+    return read_series(path)[0]
 
 
 def plot_curves(metrics_csv: Path, out_png: Path, keys: tuple[str, ...] = MAIN_CURVES) -> Path:

@@ -136,7 +136,6 @@ def read_series(path: Path, upto: int | None = None) -> tuple[Series, int]:
 
     Iteration rows carry ``train/iteration``; validation rows only ``epoch`` (the iteration they follow).
     ``upto``: only iterations 0 … upto − 1 and the validations after them (a common horizon).
-    (``ragen2.callbacks.curves.read_metrics`` reads the same way, but importing it loads Lightning.)
     """
     series: Series = {}
     iterations: set[float] = set()

@@ -29,32 +29,23 @@ G8 = _t(0.5, 2.0, 0.1, 1.5, 0.0, 3.0, 0.7, 1.0)
 
 
 @pytest.mark.parametrize(
-    ("band", "want"),
+    ("include_zero", "band", "want"),
     [
         # ascending: g4 0, g2 .1 | g0 .5, g6 .7 | g7 1, g3 1.5 | g1 2, g5 3; rank r → band 4 − ⌊4r/8⌋
-        (1, _mask(0, 1, 0, 0, 0, 1, 0, 0)),
-        (2, _mask(0, 0, 0, 1, 0, 0, 0, 1)),
-        (3, _mask(1, 0, 0, 0, 0, 0, 1, 0)),
-        (4, _mask(0, 0, 1, 0, 1, 0, 0, 0)),
+        (True, 1, _mask(0, 1, 0, 0, 0, 1, 0, 0)),
+        (True, 2, _mask(0, 0, 0, 1, 0, 0, 0, 1)),
+        (True, 3, _mask(1, 0, 0, 0, 0, 0, 1, 0)),
+        (True, 4, _mask(0, 0, 1, 0, 1, 0, 0, 0)),
+        # without include_zero the quartiles are of the nonzero groups: g4 (score 0) drops out, C = 7,
+        # ascending g2 g0 g6 g7 g3 g1 g5, ⌊4r/7⌋ = 0 0 1 1 2 2 3 → bands 4 4 3 3 2 2 1
+        (False, 1, _mask(0, 0, 0, 0, 0, 1, 0, 0)),
+        (False, 2, _mask(0, 1, 0, 1, 0, 0, 0, 0)),
+        (False, 3, _mask(0, 0, 0, 0, 0, 0, 1, 1)),
+        (False, 4, _mask(1, 0, 1, 0, 0, 0, 0, 0)),
     ],
 )
-def test_quartiles_of_eight_groups(band: int, want: torch.Tensor) -> None:
-    assert torch.equal(_band(G8, band, include_zero=True), want)
-
-
-@pytest.mark.parametrize(
-    ("band", "want"),
-    [
-        # g4 (score 0) drops out: C = 7, ascending g2 g0 g6 g7 g3 g1 g5, ⌊4r/7⌋ = 0 0 1 1 2 2 3
-        # → bands 4 4 3 3 2 2 1
-        (1, _mask(0, 0, 0, 0, 0, 1, 0, 0)),
-        (2, _mask(0, 1, 0, 1, 0, 0, 0, 0)),
-        (3, _mask(0, 0, 0, 0, 0, 0, 1, 1)),
-        (4, _mask(1, 0, 1, 0, 0, 0, 0, 0)),
-    ],
-)
-def test_without_include_zero_the_quartiles_are_of_the_nonzero_groups(band: int, want: torch.Tensor) -> None:
-    assert torch.equal(_band(G8, band), want)
+def test_quartiles_of_eight_groups(include_zero: bool, band: int, want: torch.Tensor) -> None:
+    assert torch.equal(_band(G8, band, include_zero=include_zero), want)
 
 
 def test_six_groups_give_bands_of_one_and_two() -> None:
