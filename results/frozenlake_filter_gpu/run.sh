@@ -3,8 +3,7 @@
 # rollouts, on one GPU, runs side by side (each takes 8-9 GB: 6 fit in 80 GB; of the 10 started at once, 4
 # ran out of memory at start-up). Every run is stopped at the wall clock and read at a common horizon:
 #   SWEEP=multirun/fl_filter_gpu WALL=480 bash results/frozenlake_filter_gpu/run.sh
-#   ragen2-aggregate $SWEEP --iterations 40 --out results/frozenlake_filter_gpu
-#   python results/trajectories.py $SWEEP --iterations 40 --every 2
+#   ragen2-aggregate $SWEEP --iterations 40 --every 2 --out results/frozenlake_filter_gpu
 SWEEP=${SWEEP:-multirun/fl_filter_gpu}
 WALL=${WALL:-480}
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false

@@ -9,7 +9,8 @@ A cell is one setting of the swept override keys (those whose value differs betw
 ``seed``; its runs are the seeds. Each metric in ``METRICS`` is one number per run (its last value, or its
 best), then the mean and the two-sided 95 % Student t interval over the cell's complete runs. Runs that
 failed or stopped short are left out of the numbers and listed. Writes aggregate.csv, aggregate.md,
-aggregate_metrics.png and aggregate_curves.png into the grid's folder (or ``--out``).
+aggregate_metrics.png, aggregate_curves.png and aggregate_trajectories.md (per-iteration means over seeds)
+into the grid's folder (or ``--out``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="read each run's first N iterations only, and count a run complete once it has logged them "
         "(a grid still running, or runs that stopped at different points: one common horizon)",
     )
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        help="aggregate_trajectories.md shows every N-th iteration (default: each one)",
+    )
     args = parser.parse_args(argv)
     try:
         keys = None
@@ -53,8 +60,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 raise AggregateError(f"--keys {args.keys!r} names no key. Fix: e.g. --keys filter,algo")
         if args.iterations is not None and args.iterations < 1:
             raise AggregateError(f"--iterations {args.iterations}: must be ≥ 1. Fix: e.g. --iterations 8")
+        if args.every < 1:
+            raise AggregateError(f"--every {args.every}: must be ≥ 1. Fix: e.g. --every 2")
         out = None if args.out is None else Path(args.out)
-        reports = aggregate_folder(Path(args.folder), out, keys, args.iterations)
+        reports = aggregate_folder(Path(args.folder), out, keys, args.iterations, args.every)
     except AggregateError as err:
         sys.exit(f"ragen2-aggregate: {err}")
     print("\n\n".join(summary(r) for r in reports))

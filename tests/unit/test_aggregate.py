@@ -278,6 +278,7 @@ def test_grid_tables(tmp_path: Path) -> None:
         "aggregate.md",
         "aggregate_metrics.png",
         "aggregate_curves.png",
+        "aggregate_trajectories.md",
     ]
     assert all(p.parent == grid and p.stat().st_size > 0 for p in report.files)
     table = _csv(grid / "aggregate.csv")
@@ -434,3 +435,24 @@ def test_iterations_reads_every_run_at_one_horizon(
         main([str(grid), "--iterations", "0"])
     main([str(grid), "--iterations", "2", "--out", str(tmp_path / "out")])
     assert "3 complete runs in 1 cells" in capsys.readouterr().out
+
+
+def test_trajectories_are_per_iteration_means_over_seeds(tmp_path: Path) -> None:
+    grid = _grid(tmp_path / "sweep")
+    aggregate_folder(grid, every=1)
+    text = (grid / "aggregate_trajectories.md").read_text()
+    top_p = text.split("## filter=top_p (seeds 0, 1, 2)")[1].split("##")[0]
+    rows = [line for line in top_p.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    # iteration 0: success [0, 0.5, 0.5] -> mean 0.333, sd √((0.111 + 2 · 0.0278)/2) = 0.289; format never
+    # logged; H(Z|X) 2 in each; MI EMA -1 in each (not the last pass); retrieval 0; length 10; no filter keys
+    assert rows[0] == "| 0 | 0.333 ± 0.29 | — | 2 ± 0 | -1 ± 0 | 0 ± 0 | 10 ± 0 | — | — |"
+    # iteration 1: success [0.25, 0.5, 0] -> 0.25 ± 0.25; MI EMA [0.1, 0.2, 0.3] -> 0.2 ± 0.1
+    assert rows[1] == "| 1 | 0.25 ± 0.25 | — | 1 ± 0 | 0.2 ± 0.1 | 0.1 ± 0 | 11 ± 0 | — | — |"
+    # one run: its value, no spread; the cut-short and crashed seeds of filter=none are not in the means
+    assert "| 0 | 0.5 | — | 2 | -1 | 0 | 10 | — | — |" in text.split("## filter=min_p (seeds 0)")[1]
+    assert "| 0 | 0.5 ± 0.35 |" in text.split("## filter=none (seeds 0, 1)")[1]
+    aggregate_folder(grid, every=2)
+    shown = (grid / "aggregate_trajectories.md").read_text()
+    assert "| 0 | 0.333 ± 0.29 |" in shown and "| 1 |" not in shown
+    with pytest.raises(SystemExit, match=r"--every 0: must be ≥ 1\. Fix: e\.g\. --every 2"):
+        main([str(grid), "--every", "0"])

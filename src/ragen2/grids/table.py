@@ -46,7 +46,24 @@ METRICS: dict[str, Metric] = {
     "final_reasoning_length": Metric(("rollout/reasoning_length",)),
 }
 CURVES = ("final_success", "final_mi_zscore_ema")  # drawn over iterations, from the column each cell read
-OUTPUTS = ("aggregate.csv", "aggregate.md", "aggregate_metrics.png", "aggregate_curves.png")
+#: aggregate_trajectories.md's columns: what the paper's questions read, iteration by iteration
+TRAJECTORY: dict[str, str] = {
+    "success": "rollout/success",
+    "format valid": "rollout/format_valid_rate",
+    "H(Z\\|X)": "diag/first_turn/cond_entropy",
+    "MI z-score EMA": "diag/first_turn/mi_zscore_ema",
+    "retrieval above chance": "diag/first_turn/retrieval_above_chance",
+    "reasoning length": "rollout/reasoning_length",
+    "score cv": "filter/score_cv",
+    "kept ratio": "filter/kept_ratio",
+}
+OUTPUTS = (
+    "aggregate.csv",
+    "aggregate.md",
+    "aggregate_metrics.png",
+    "aggregate_curves.png",
+    "aggregate_trajectories.md",
+)
 
 Series = dict[str, list[tuple[float, float]]]  # metrics.csv column -> [(iteration, value), …]
 
@@ -465,6 +482,37 @@ def markdown(
     return "\n".join(lines)
 
 
+def trajectory_cell(runs: Sequence[Run], iterations: Sequence[int]) -> list[str]:
+    """Markdown rows: per iteration, each TRAJECTORY column's mean over the runs that logged it, with the
+    sample standard deviation over them where there are several; `—` where none did (no MI pass then)."""
+    lines = ["| iteration | " + " | ".join(TRAJECTORY) + " |", "|" + "---|" * (len(TRAJECTORY) + 1)]
+    for it in iterations:
+        row = [str(it)]
+        for key in TRAJECTORY.values():
+            ys = [y for r in runs for x, y in r.series.get(key, []) if x == it and math.isfinite(y)]
+            spread = f" ± {statistics.stdev(ys):.2g}" if len(ys) > 1 else ""
+            row.append(f"{statistics.fmean(ys):.3g}{spread}" if ys else "—")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def trajectories(grid: Path, cells: Sequence[Cell], keys: Sequence[str], every: int = 1) -> str:
+    """aggregate_trajectories.md: one table per cell, every ``every``-th iteration its complete runs logged."""
+    lines = [
+        f"# ragen2-aggregate: `{grid}`, iteration by iteration",
+        "",
+        "Per cell, the mean over its complete runs (± the standard deviation over seeds) of: "
+        + ", ".join(f"{name} `{key}`" for name, key in TRAJECTORY.items())
+        + ". Iterations without an MI pass show `—` in the diag columns.",
+    ]
+    for cell in cells:
+        logged = {int(x) for r in cell.runs for x, _ in r.series.get("train/iteration", [])}
+        shown = [it for it in sorted(logged) if it % every == 0]
+        lines += ["", f"## {label(keys, cell.values)} (seeds {seeds(cell) or '—'})", ""]
+        lines += trajectory_cell(cell.runs, shown) if shown else ["no complete run"]
+    return "\n".join([*lines, ""])
+
+
 # ----------------------------------------------------------------------------------------------- figures
 
 
@@ -553,16 +601,20 @@ class Report:
 
 
 def aggregate_grid(
-    grid: Path, out: Path | None = None, keys: Sequence[str] | None = None, upto: int | None = None
+    grid: Path,
+    out: Path | None = None,
+    keys: Sequence[str] | None = None,
+    upto: int | None = None,
+    every: int = 1,
 ) -> Report:
     """Read one sweep folder (up to ``upto`` iterations per run), aggregate it, write OUTPUTS into ``out``
-    (default: the sweep folder)."""
+    (default: the sweep folder); the trajectories show every ``every``-th iteration."""
     runs = read_grid(grid, upto)
     keys = cell_keys([r.overrides for r in runs if r.overrides is not None], keys)
     cells = aggregate(runs, keys)
     out = grid if out is None else out
     out.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path, metrics_png, curves_png = (out / name for name in OUTPUTS)
+    csv_path, md_path, metrics_png, curves_png, trajectories_md = (out / name for name in OUTPUTS)
     text = markdown(grid, cells, runs, keys, upto)
     md_path.write_text(text)
     files = [
@@ -571,11 +623,17 @@ def aggregate_grid(
         plot_metrics(cells, keys, metrics_png),
         plot_curves(cells, keys, curves_png),
     ]
+    trajectories_md.write_text(trajectories(grid, cells, keys, every))
+    files.append(trajectories_md)
     return Report(grid, list(keys), cells, runs, files, text)
 
 
 def aggregate_folder(
-    path: Path, out: Path | None = None, keys: Sequence[str] | None = None, upto: int | None = None
+    path: Path,
+    out: Path | None = None,
+    keys: Sequence[str] | None = None,
+    upto: int | None = None,
+    every: int = 1,
 ) -> list[Report]:
     """Every grid at or below ``path``, each on its own (several grids with ``out``: one subfolder each)."""
     grids = find_grids(path)
@@ -588,7 +646,7 @@ def aggregate_folder(
     reports = []
     for grid in grids:
         target = out if out is None or grid == path else out / grid.relative_to(path)
-        reports.append(aggregate_grid(grid, target, keys, upto))
+        reports.append(aggregate_grid(grid, target, keys, upto, every))
     return reports
 
 
