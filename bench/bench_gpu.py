@@ -151,9 +151,10 @@ def one_run(model_dir: Path, workload: str, strategy: str, scratch: Path, extra:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not result.is_file():
         text = proc.stdout + proc.stderr
-        # the first exception names the cause (a device-side assert surfaces again at teardown)
+        # the first exception names the cause (a device-side assert surfaces again at teardown);
+        # kept apart only when the tail would not hold it already
         first = text.find("Traceback")
-        head = text[first : first + 3000] if first >= 0 else ""
+        head = text[first : first + 3000] if 0 <= first < len(text) - 3000 else ""
         return {"overrides": overrides, "error": head + "\n…\n" + text[-3000:]}
     return {"overrides": overrides, "metrics": json.loads(result.read_text())}
 

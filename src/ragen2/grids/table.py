@@ -482,14 +482,25 @@ def markdown(
     return "\n".join(lines)
 
 
+def values_by_iteration(series: Sequence[Sequence[tuple[float, float]]]) -> dict[float, list[float]]:
+    """{iteration: the finite values the runs logged at it}, from one column of several runs."""
+    by_x: dict[float, list[float]] = {}
+    for points in series:
+        for x, y in points:
+            if math.isfinite(y):
+                by_x.setdefault(x, []).append(y)
+    return by_x
+
+
 def trajectory_cell(runs: Sequence[Run], iterations: Sequence[int]) -> list[str]:
     """Markdown rows: per iteration, each TRAJECTORY column's mean over the runs that logged it, with the
     sample standard deviation over them where there are several; `—` where none did (no MI pass then)."""
+    columns = [values_by_iteration([r.series.get(key, []) for r in runs]) for key in TRAJECTORY.values()]
     lines = ["| iteration | " + " | ".join(TRAJECTORY) + " |", "|" + "---|" * (len(TRAJECTORY) + 1)]
     for it in iterations:
         row = [str(it)]
-        for key in TRAJECTORY.values():
-            ys = [y for r in runs for x, y in r.series.get(key, []) if x == it and math.isfinite(y)]
+        for by_x in columns:
+            ys = by_x.get(it, [])
             spread = f" ± {statistics.stdev(ys):.2g}" if len(ys) > 1 else ""
             row.append(f"{statistics.fmean(ys):.3g}{spread}" if ys else "—")
         lines.append("| " + " | ".join(row) + " |")
@@ -555,11 +566,7 @@ def plot_metrics(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path
 
 def seed_band(series: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float, float, float]]:
     """[(iteration, mean, min, max)] over the runs that logged each iteration."""
-    by_x: dict[float, list[float]] = {}
-    for points in series:
-        for x, y in points:
-            if math.isfinite(y):
-                by_x.setdefault(x, []).append(y)
+    by_x = values_by_iteration(series)
     return [(x, statistics.fmean(ys), min(ys), max(ys)) for x, ys in sorted(by_x.items())]
 
 
