@@ -50,8 +50,14 @@ def test_fsdp_on_one_gpu(train: Callable, tmp_path: Path) -> None:
             "trainer.devices=1",
             "trainer.accelerator=gpu",
             "trainer.precision=bf16-mixed",
+            "rollout=hf",
+            "rollout.max_new_tokens=16",
+            "filter=none",
             "iterations=2",
         ]
     )
     assert metrics["train/optimizer_steps"] >= 1
     assert (Path(cfg.run_dir) / "checkpoints" / "last.ckpt").is_file()
+    # the sampling copy of the sharded policy samples on the GPU (a peak is logged only for a CUDA phase)
+    assert metrics["perf/rollout_peak_memory_gb"] > 0
+    assert metrics["rollout/logprob_gap_abs"] < 0.05

@@ -207,8 +207,12 @@ class RolloutDataModule(L.LightningDataModule):
     def _precision(self, device: torch.device) -> AbstractContextManager:
         """The update's autocast under a mixed precision (``bf16-mixed``): the sampler computes the log-probs
         the update recomputes with the same numerics, at bf16 speed. Off otherwise."""
-        dtype = _AUTOCAST.get(str(self.trainer.precision)) if self.trainer is not None else None
+        dtype = self._autocast_dtype()
         return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+    def _autocast_dtype(self) -> torch.dtype | None:
+        """The mixed precision's compute dtype (``bf16-mixed``: bf16), None without one."""
+        return _AUTOCAST.get(str(self.trainer.precision)) if self.trainer is not None else None
 
     def _unsharded(self, policy: Any) -> Any:
         """A full copy of an FSDP-sharded policy, refreshed from every rank's shards (a collective: every
@@ -217,7 +221,13 @@ class RolloutDataModule(L.LightningDataModule):
         from transformers import AutoModelForCausalLM
 
         if self._full_policy is None:
-            self._full_policy = AutoModelForCausalLM.from_config(policy.config, dtype=policy.dtype).eval()
+            # on this rank's compute device (its shards'), not the CPU from_config defaults to; in the
+            # dtype the sharded policy computes in (bf16 under bf16-*: FSDP's param_dtype), which also
+            # keeps the copy at half the size of fp32 weights beside the update's optimizer state
+            with torch.device(_device(policy)):
+                dtype = self._autocast_dtype() or policy.dtype
+                full = AutoModelForCausalLM.from_config(policy.config, dtype=dtype)
+            self._full_policy = full.eval()
         if self._synced != weights_version(policy):
             weights = dict(full_named_tensors(policy))
             missing = self._full_policy.load_state_dict(weights, strict=False).missing_keys
