@@ -224,8 +224,8 @@ class RolloutDataModule(L.LightningDataModule):
             # on this rank's compute device (its shards'), not the CPU from_config defaults to; in the
             # dtype the sharded policy computes in (bf16 under bf16-*: FSDP's param_dtype), which also
             # keeps the copy at half the size of fp32 weights beside the update's optimizer state
+            dtype = self._autocast_dtype() or policy.dtype
             with torch.device(_device(policy)):
-                dtype = self._autocast_dtype() or policy.dtype
                 full = AutoModelForCausalLM.from_config(policy.config, dtype=dtype)
             self._full_policy = full.eval()
         if self._synced != weights_version(policy):
