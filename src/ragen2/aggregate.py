@@ -4,6 +4,7 @@ ragen2-aggregate multirun/2026-11-22/15-54-14                 # one grid: the sw
 ragen2-aggregate multirun/2026-11-22 --out results            # every grid below it, each on its own
 ragen2-aggregate multirun/2026-11-22/15-54-14 --keys filter   # cells by these override keys
 ragen2-aggregate multirun/2026-11-22/15-54-14 --iterations 8  # every run at its first 8 iterations
+ragen2-aggregate multirun/2026-11-22/15-54-14 --trust-pickles # unpickle submitit's results in full
 
 A cell is one setting of the swept override keys (those whose value differs between the grid's jobs) but
 ``seed``; its runs are the seeds. Each metric in ``METRICS`` is one number per run (its last value, or its
@@ -11,6 +12,12 @@ best), then the mean and the two-sided 95 % Student t interval over the cell's c
 failed or stopped short are left out of the numbers and listed. Writes aggregate.csv, aggregate.md,
 aggregate_metrics.png, aggregate_curves.png and aggregate_trajectories.md (per-iteration means over seeds)
 into the grid's folder (or ``--out``).
+
+Why a job failed is read from what submitit left in ``.submitit/<job>/``: its result file, else its log.
+A result is a pickle, and unpickling runs the code it names, so by default it is read without importing or
+calling anything (a failure Hydra caught is still read: its exception's class and arguments); a result
+only unpickling could read is reported as "result not readable without --trust-pickles". Pass
+``--trust-pickles`` for grids whose ``.submitit`` folder only you could have written.
 """
 
 from __future__ import annotations
@@ -20,11 +27,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ragen2.config import version_line
 from ragen2.grids import AggregateError, aggregate_folder, summary
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ragen2-aggregate", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=version_line("ragen2-aggregate"))
     parser.add_argument(
         "folder", help="a sweep folder (multirun/<date>/<time>, holding 0/, 1/, …) or one above"
     )
@@ -51,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=1,
         help="aggregate_trajectories.md shows every N-th iteration (default: each one)",
     )
+    parser.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="unpickle submitit's result files in full, which runs any code they name (default: read them "
+        "as inert data); only for a .submitit folder no one else could have written",
+    )
     args = parser.parse_args(argv)
     try:
         keys = None
@@ -63,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.every < 1:
             raise AggregateError(f"--every {args.every}: must be ≥ 1. Fix: e.g. --every 2")
         out = None if args.out is None else Path(args.out)
-        reports = aggregate_folder(Path(args.folder), out, keys, args.iterations, args.every)
+        reports = aggregate_folder(
+            Path(args.folder), out, keys, args.iterations, args.every, trust_pickles=args.trust_pickles
+        )
     except AggregateError as err:
         sys.exit(f"ragen2-aggregate: {err}")
     print("\n\n".join(summary(r) for r in reports))

@@ -5,31 +5,21 @@ from __future__ import annotations
 import csv
 import math
 import pickle
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import cloudpickle
 import pytest
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
 
 from ragen2.aggregate import main
+from ragen2.grids import aggregate_folder
+from ragen2.grids.forensics import NOT_READABLE, job_problem, log_problem, result_problem
+from ragen2.grids.runs import AggregateError, Run, parse_overrides, run_problem
 from ragen2.grids.stats import Interval, ci95, t_quantile
-from ragen2.grids.table import (
-    METRICS,
-    AggregateError,
-    Metric,
-    Run,
-    aggregate_folder,
-    cell_keys,
-    fmt,
-    log_problem,
-    parse_overrides,
-    pick_key,
-    result_problem,
-    run_problem,
-    run_value,
-    swept_keys,
-)
+from ragen2.grids.table import METRICS, Metric, cell_keys, fmt, pick_key, run_value, swept_keys
 
 # ------------------------------------------------------------------------------------------- the math
 
@@ -146,14 +136,68 @@ def _failed_job_return(error: Exception) -> JobReturn:
     return ret
 
 
-def test_result_problem_reads_the_failure_hydra_caught() -> None:
-    assert result_problem(("success", JobReturn(status=JobStatus.COMPLETED))) is None
+class _Overrides(list):
+    """A list subclass: its pickle fills the object a global built (APPENDS), as a defaultdict's does (SETITEMS)."""
+
+
+def _result(folder: Path, name: str, outcome: object) -> Path:
+    """A result file as submitit writes it (cloudpickle, highest protocol)."""
+    path = folder / f"{name}_0_result.pkl"
+    with path.open("wb") as f:
+        cloudpickle.dump(outcome, f, pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def test_result_problem_reads_the_failure_hydra_caught(tmp_path: Path) -> None:
+    completed = JobReturn(overrides=_Overrides(["seed=0"]), status=JobStatus.COMPLETED)
+    completed.cfg = {"seen": defaultdict(list, {"seed": [0]})}
     failed = _failed_job_return(ValueError("algo.optim.lr=-1 is out of range"))
-    assert result_problem(("success", failed)) == "ValueError: algo.optim.lr=-1 is out of range"
+    failed.overrides = _Overrides(["seed=1"])
     traceback = (
         "Traceback (most recent call last):\n  File 'x'\nsubmitit.core.utils.UncompletedJobError: timed out\n"
     )
-    assert result_problem(("error", traceback)) == "submitit.core.utils.UncompletedJobError: timed out"
+    cases = {
+        "completed": (("success", completed), None),
+        "failed": (("success", failed), "ValueError: algo.optim.lr=-1 is out of range"),
+        "error": (("error", traceback), "submitit.core.utils.UncompletedJobError: timed out"),
+        "plain": (("success", 12), None),  # submitit without Hydra: the function's return value
+        "two args": (("success", _failed_job_return(ValueError("lr", -1))), "ValueError: ('lr', -1)"),
+    }
+    for name, (outcome, problem) in cases.items():
+        path = _result(tmp_path, name, outcome)
+        assert result_problem(path) == problem, name
+        assert result_problem(path, trust_pickles=True) == problem, name
+
+
+def test_result_read_as_records_names_what_only_code_would(tmp_path: Path) -> None:
+    # KeyError's own __str__ quotes its key; read as records, str() of the arguments is BaseException's
+    key = _result(tmp_path, "key", ("success", _failed_job_return(KeyError("lr"))))
+    assert (result_problem(key), result_problem(key, trust_pickles=True)) == (
+        "KeyError: lr",
+        "KeyError: 'lr'",
+    )
+
+    # an exception class cloudpickle pickles by value: only building the class would give its name
+    class LocalError(RuntimeError):
+        pass
+
+    local = _result(tmp_path, "local", ("success", _failed_job_return(LocalError("x"))))
+    assert (result_problem(local), result_problem(local, trust_pickles=True)) == (
+        NOT_READABLE,
+        "LocalError: x",
+    )
+    # not submitit's (status, value): nothing to read it by
+    for name, outcome in (("bare", "ValueError: x"), ("traceback", ("error", ValueError("x")))):
+        assert result_problem(_result(tmp_path, name, outcome)) == NOT_READABLE, name
+
+
+def test_job_problem_falls_back_to_the_log_when_a_result_is_damaged(tmp_path: Path) -> None:
+    path = _result(tmp_path, "77_0", ("success", _failed_job_return(ValueError("x"))))
+    (tmp_path / "77_0_log.out").write_text("submitit ERROR - Submitted job triggered an exception\n")
+    assert job_problem(tmp_path) == "ValueError: x"
+    path.write_bytes(path.read_bytes()[:40])  # truncated
+    assert job_problem(tmp_path) == "the job raised an exception (see its log)"
+    assert job_problem(tmp_path, trust_pickles=True) == "the job raised an exception (see its log)"
 
 
 def test_run_problem_says_why_a_run_is_left_out(tmp_path: Path) -> None:

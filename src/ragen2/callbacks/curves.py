@@ -1,4 +1,4 @@
-"""At the end of training, plot the main curves from the CSV log into <run>/curves.png."""
+"""At the end of training, plot the main curves from the CSV log into ``<run>/curves.png``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from ragen2.grids.table import read_series
+from ragen2.grids import read_series
 from ragen2.log import log
 
 MAIN_CURVES = (
