@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-# a real SLURM cluster on localhost for the launcher tests (root with apt only; they skip elsewhere)
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmctld >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm >/dev/null
+# a real SLURM cluster on localhost for the launcher tests, bubblewrap for the DeepCoder sandbox
+# (root with apt only; their tests skip elsewhere, the sandbox's falling back to `unshare`)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v slurmctld && command -v bwrap; } >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm bubblewrap >/dev/null
 fi
 # shellcheck disable=SC1091
 . "${RAGEN2_VENV:-.venv}/bin/activate"
