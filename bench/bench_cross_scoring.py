@@ -1,4 +1,4 @@
-"""Naive vs KV-cached in-batch cross-scoring (METHOD.md §3 "Cost"), on the built-in model by default.
+"""Naive vs KV-cached in-batch cross-scoring (docs/method.md §3 "Cost"), on the built-in model by default.
 
 N prompts × K reasoning samples; every prompt is a shared system prefix plus its own tail (``--prompts
 random``), or the real turn-1 prompts of the main job's env, FrozenLake, rendered by the project's runner

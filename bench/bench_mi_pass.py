@@ -1,4 +1,4 @@
-"""The MI pass's cost at the paper's cadence and budget, on the main job's settings (METHOD.md §3 "Cost").
+"""The MI pass's cost at the paper's cadence and budget, on the main job's settings (docs/method.md §3 "Cost").
 
 Trains the main job (built-in SmolLM2-135M on FrozenLake, the CPU defaults) with ``diagnostics=paper``
 (every mode, 64 rows per mode) but the pass run at *every* iteration, so each iteration gives a pass

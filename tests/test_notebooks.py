@@ -2,7 +2,8 @@
 
 Each notebook runs in a fresh kernel of *this* interpreter (ipykernel's built-in ``python3`` spec, not
 whatever kernel specs the jupyter paths hold), from a temporary working directory, with
-``RAGEN2_NOTEBOOK_SMOKE=1`` (the MI notebook scores fewer prompts with the 135M model). A probe cell
+``RAGEN2_NOTEBOOK_SMOKE=1`` (the MI notebook scores fewer prompts with the 135M model; the diagnose
+notebook runs on the tiny model throughout). A probe cell
 appended to the notebook prints its key variables as JSON; a cell error fails the test with the cell's
 traceback. The notebooks assert their own invariants (token layout, the collapse demo) inside.
 """
@@ -112,3 +113,35 @@ def test_mi_diagnostics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert demo["builtin/grounded"]["retrieval_acc"] == 1.0
     assert demo["builtin/grounded"]["mi_est"] > 0.2 > abs(demo["builtin/collapsed"]["mi_est"])
     assert _count(outputs, "image/png") == 3  # batch, hand-made and LM heatmaps
+
+
+def test_diagnose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = """{
+        "episodes": len(records),
+        "iterations": sorted({r["iteration"] for r in records}),
+        "iteration": iteration,
+        "rows": len(rows),
+        "prompts": len({r.prompt_ids for r in rows}),
+        "metrics": {k: metrics[k] for k in ("mi_est", "retrieval_acc", "retrieval_chance", "rows", "columns")},
+        "cli": {k: cli.metrics[k] for k in ("mi_est", "retrieval_acc", "rows", "columns")},
+        "region": diag.info["region"],
+        "report": sorted(p.name for p in REPORT.iterdir()),
+        "misretrieved": len(wrong),
+    }"""
+    found, outputs = execute("03_diagnose.ipynb", probe, tmp_path, monkeypatch)
+    # 2 iterations × 8 Sokoban groups × 4 rollouts saved; the last iteration's first turns read back
+    assert found["episodes"] == 64 and found["iterations"] == [0, 1] and found["iteration"] == 1
+    assert found["prompts"] == 8 and 8 < found["rows"] <= 32
+    metrics = found["metrics"]
+    assert metrics["columns"] == 8 and metrics["rows"] == found["rows"]
+    assert metrics["retrieval_chance"] == 1 / 8
+    # the command line on the same file gives the same numbers
+    assert found["cli"] == {k: metrics[k] for k in found["cli"]}
+    # canned reasonings, the same for every state: input-blind by construction
+    assert found["region"] == "template collapse" and abs(metrics["mi_est"]) < 0.05
+    assert {"metrics.json", "heatmap.png", "quadrant.png", "ranks.png", "rows.jsonl", "index.md"} <= set(
+        found["report"]
+    )
+    assert 0 < found["misretrieved"] <= 6
+    assert _count(outputs, "image/png") == 3  # heatmap, quadrant, ranks
+    assert _count(outputs, "text/markdown") == 1  # the CLI's index.md

@@ -1,4 +1,4 @@
-"""The contract every ragen2 text environment follows (METHOD.md §7).
+"""The contract every ragen2 text environment follows (docs/method.md §7).
 
 An observation is text; an action is the text of ONE action (the agent splits a turn's answer on
 ``||`` and calls :meth:`TextEnv.step` once per action). The environment owns its action vocabulary:

@@ -1,4 +1,4 @@
-"""Every algorithm config runs a real iteration: the paper's main table (METHOD.md §6) and the rest.
+"""Every algorithm config runs a real iteration: the paper's main table (docs/method.md §6) and the rest.
 
 The tiny model with the scripted sampler (oracle, wrong and malformed responses) gives differently
 rewarded groups, so every cell has signal; each must take an optimizer step that moves the weights.

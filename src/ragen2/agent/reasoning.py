@@ -1,4 +1,4 @@
-"""Where Z ends (METHOD.md §2): the sampled ids before the first token that touches ``</think>``."""
+"""Where Z ends (docs/method.md §2): the sampled ids before the first token that touches ``</think>``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prompt rendering through the model's own chat template, growing the context by appending ids.
 
-METHOD.md §2: turn t's prompt ids = turn t−1's prompt ids + the ids sampled in turn t−1 + the ids the
+docs/method.md §2: turn t's prompt ids = turn t−1's prompt ids + the ids sampled in turn t−1 + the ids the
 template adds to close that assistant turn + the rendered ids of the next user message (with the
 assistant header and the forced ``<think>``). History is never re-rendered, so every prompt is an exact
 prefix of the final training sequence. The two template fragments (the assistant-turn closer and the

@@ -1,4 +1,4 @@
-"""SNR-aware group filtering (METHOD.md §4): score each group, keep the most informative ones.
+"""SNR-aware group filtering (docs/method.md §4): score each group, keep the most informative ones.
 
 `select_groups` mirrors `RolloutFilter._select_top_groups` of the reference (mll-lab-nu/RAGEN,
 `ragen/trainer/rollout_filter.py`), edge cases included, but returns a boolean mask over groups

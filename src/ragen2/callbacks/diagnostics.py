@@ -1,4 +1,4 @@
-"""MI diagnostics as a callback that owns one torchmetrics Metric per sampling curve (METHOD.md §3).
+"""MI diagnostics as a callback that owns one torchmetrics Metric per sampling curve (docs/method.md §3).
 
 Before the update of iteration 0 and of every ``every_n_iterations``-th iteration, on the unfiltered
 batch, each mode in ``modes`` draws up to its ``num_samples`` budget of (X, Z) rows with a valid Z, the

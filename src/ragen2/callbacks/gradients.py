@@ -1,4 +1,4 @@
-"""Gradients by reward-variance bucket as a callback (METHOD.md §5, the paper's SNR evidence).
+"""Gradients by reward-variance bucket as a callback (docs/method.md §5, the paper's SNR evidence).
 
 Before the update of iteration 0 and of every ``every_n_iterations``-th iteration, on the unfiltered
 batch (every group, kept or not) and with no optimizer step: the groups are split into quantile buckets

@@ -11,7 +11,7 @@ each rank rolls out its ``groups / world`` share (global group g has the same in
 the world size), the group scores are gathered and the SNR filter makes one selection over all of
 them, and each rank keeps its own slice. ``rollout/*`` and ``filter/*`` describe the whole iteration.
 
-Optional DAPO data steps (METHOD.md §6), both off by default:
+Optional DAPO data steps (docs/method.md §6), both off by default:
 - ``shaping`` (``OverlongShaping``) gives each round's collation its per-turn terms: overlong penalty
   per turn, truncated turns out of the loss mask.
 - ``sampling`` (``DynamicSampling``) rolls out further rounds of fresh instances, dropping groups whose

@@ -1,4 +1,4 @@
-"""The SNR filter as a config object (``filter.*``): score each group of a batch, select, report (METHOD.md §4).
+"""The SNR filter as a config object (``filter.*``): score each group of a batch, select, report (docs/method.md §4).
 
 Each score type reduces its own per-rollout quantity (``ragen2.algos.filters.SCORE_INPUTS``): episode
 returns for ``reward_*``, the mean next-token entropy the sampler recorded over the rollout's sampled

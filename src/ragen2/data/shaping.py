@@ -1,4 +1,4 @@
-"""DAPO's overlong reward shaping and overlong filtering, per turn (METHOD.md §6).
+"""DAPO's overlong reward shaping and overlong filtering, per turn (docs/method.md §6).
 
 ``OverlongShaping.turn_terms`` gives, per turn, the ``overlong_penalty`` of that turn's sampled length
 and whether the turn leaves the loss (it hit the token limit, ``finish_reason == "length"``, and

@@ -1,4 +1,4 @@
-"""Reasoning-collapse diagnostics: in-batch cross-scoring and the MI proxies (METHOD.md §3)."""
+"""Reasoning-collapse diagnostics: in-batch cross-scoring and the MI proxies (docs/method.md §3)."""
 
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score, naive_cross_score
 from ragen2.diagnostics.metric import MIMetric

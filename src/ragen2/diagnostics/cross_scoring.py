@@ -1,7 +1,7 @@
 """In-batch cross-scoring: ``L[r, j] = Σ_t log π(z_r,t | x_j, z_r,<t)`` for every row r and prompt j.
 
 The reference runs one full forward of ``x_j + z_r`` per pair: C·R sequences of |x| + |z| tokens.
-``cross_score`` reuses key/value caches instead (METHOD.md §3 "Cost"):
+``cross_score`` reuses key/value caches instead (docs/method.md §3 "Cost"):
 
 * identical prompts are one column and identical reasonings are scored once;
 * the causal model's keys/values for a token depend only on the tokens before it, so the cache of

@@ -1,4 +1,4 @@
-"""Gradient decomposition by reward-variance bucket (METHOD.md §5): the buckets, the norms, the figure.
+"""Gradient decomposition by reward-variance bucket (docs/method.md §5): the buckets, the norms, the figure.
 
 The SNR evidence of the paper: split an iteration's groups into quantile buckets of within-group reward
 variance (RV) and compare, bucket by bucket, the gradient norm of the task term with those of the

@@ -1,4 +1,4 @@
-"""MI proxies from an in-batch cross-scoring matrix (METHOD.md §3).
+"""MI proxies from an in-batch cross-scoring matrix (docs/method.md §3).
 
 ``L[r, j] = log p(z_r | x_j)`` for R reasoning rows and C *distinct* prompts (columns); the mixture
 over prompts is uniform over those C columns. Every statistic exists per token (``L / |z_r|``, the

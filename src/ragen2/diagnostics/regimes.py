@@ -1,13 +1,13 @@
 """The paper's four reasoning regimes, read off one MI pass, and a patient classifier over a run's passes.
 
-RAGEN-2 places reasoning on two axes (METHOD.md §1): within-input diversity H(Z|X) and input dependence
+RAGEN-2 places reasoning on two axes (docs/method.md §1): within-input diversity H(Z|X) and input dependence
 I(X;Z). High/high is **healthy**; high H(Z|X) with low I(X;Z) is **template collapse** (diverse reasoning
 that no longer depends on the input: invisible to entropy); low H(Z|X) with high I(X;Z) is **compressed**
 (confident, still input-driven); both low is **collapsed**. The numeric code is two bits,
 ``code = mi_low + 2 · entropy_low``: 0 healthy, 1 template collapse, 2 compressed, 3 collapsed, so an odd
 code means input dependence is lost (the alarm) and a code ≥ 2 means within-input diversity is lost.
 
-Each pass is read from three of its MI proxies (METHOD.md §3, per-token scale):
+Each pass is read from three of its MI proxies (docs/method.md §3, per-token scale):
 
 * entropy axis: ``cond_entropy`` H(Z|X) (nats per token);
 * input-dependence axis: ``mi_zscore_ema`` (the most stable online signal) and ``retrieval_above_chance``
@@ -74,7 +74,7 @@ REGIME_TABLE: tuple[tuple[int, str, str, str, str], ...] = (
     (2, "compressed", "low", "high", "confident, still input-driven reasoning (often healthy convergence)"),
     (3, "collapsed", "low", "low", "neither diverse nor input-driven: full collapse"),
 )
-"""One row per regime, for the README and the report: code, name, the two axes, the reading."""
+"""One row per regime, for docs/diagnostics.md and the report: code, name, the two axes, the reading."""
 
 KEYS = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
 """The ``diag/<curve>/*`` metrics a pass is classified from."""
@@ -233,7 +233,7 @@ def evidence(now: PassMetrics, first: PassMetrics, th: RegimeThresholds) -> str:
 
 
 def regimes_markdown() -> str:
-    """``REGIME_TABLE`` as a markdown table (the README's)."""
+    """``REGIME_TABLE`` as a markdown table (the one in docs/diagnostics.md)."""
     lines = ["| `diag/regime` | regime | H(Z\\|X) | I(X;Z) | reading |", "|---|---|---|---|---|"]
     lines += [f"| {code} | {name} | {h} | {i} | {reading} |" for code, name, h, i, reading in REGIME_TABLE]
     return "\n".join(lines)

@@ -10,7 +10,7 @@
 - ``write_report`` writes ``metrics.json``, ``heatmap.png``, ``quadrant.png``, ``ranks.png``,
   ``rows.jsonl`` and an ``index.md`` that shows them.
 
-The quadrant (METHOD.md §1): H(Z|X) says whether the reasoning is diverse within one input, I(X;Z)
+The quadrant (docs/method.md §1): H(Z|X) says whether the reasoning is diverse within one input, I(X;Z)
 whether it depends on the input. The four regions are the paper's regimes (``ragen2.diagnostics.regimes``,
 the names and codes training logs as ``diag/regime``): diverse and input-driven (healthy), diverse but
 input-blind (template collapse), input-driven but low-entropy (compressed), neither (collapsed). Training

@@ -34,7 +34,7 @@ class Metric:
     best: bool = False  # the run's largest value instead of its last
 
 
-#: table column -> the metrics.csv columns it reads (the README lists these)
+#: table column -> the metrics.csv columns it reads (docs/studies.md lists these)
 METRICS: dict[str, Metric] = {
     "final_success": Metric(SUCCESS_KEYS),
     "best_success": Metric(SUCCESS_KEYS, best=True),

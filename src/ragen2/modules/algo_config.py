@@ -1,4 +1,4 @@
-"""``algo.*`` as one validated object: what an algorithm is (METHOD.md §6) and how its update runs.
+"""``algo.*`` as one validated object: what an algorithm is (docs/method.md §6) and how its update runs.
 
 ``conf/algo/<name>.yaml`` fills it: an advantage estimator, a policy objective, optionally a critic
 (PPO) and KL in the reward, the rollout-side steps DAPO adds (``sampling``, ``shaping``: the DataModule

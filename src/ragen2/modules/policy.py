@@ -1,6 +1,6 @@
 """PolicyModule: one RL iteration's update, with manual optimization, for every algorithm in conf/algo/.
 
-``training_step`` is the algorithm, step by step (METHOD.md §6):
+``training_step`` is the algorithm, step by step (docs/method.md §6):
 
 0. A batch whose filter kept no group makes no update; ``algo.max_empty_iterations`` such batches in a
    row stop the run.

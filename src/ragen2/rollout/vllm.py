@@ -1,6 +1,6 @@
 """vLLM backend: the offline ``LLM`` engine in the training process (colocated), prefix caching on.
 
-Token ids in (``TokensPrompt``), sampled ids and their log-probs out: the token contract of METHOD.md §2
+Token ids in (``TokensPrompt``), sampled ids and their log-probs out: the token contract of docs/method.md §2
 holds as with the HF sampler, nothing is re-tokenised. The engine's log-probs are the processed ones
 (``logprobs_mode="processed_logprobs"``): under the temperature-scaled distribution the loss scores
 (greedy: T = 1). With ``rollout.top_p`` < 1 or ``rollout.top_k`` > 0 vLLM renormalises them over the

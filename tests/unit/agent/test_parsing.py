@@ -1,4 +1,4 @@
-"""``parse_turn``: the agent owns the format (METHOD.md §7). The text starts right after the forced <think>."""
+"""``parse_turn``: the agent owns the format (docs/method.md §7). The text starts right after the forced <think>."""
 
 from __future__ import annotations
 

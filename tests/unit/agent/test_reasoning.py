@@ -1,4 +1,4 @@
-"""Z extraction (METHOD.md §2) on real SmolLM2 token ids.
+"""Z extraction (docs/method.md §2) on real SmolLM2 token ids.
 
 Z = the sampled ids before the first token whose text touches ``</think>``; a token straddling the tag is
 excluded; no tag, no Z (None). In this tokenizer ``</think><answer>`` is ``</`` ``think`` ``><`` ``answer``

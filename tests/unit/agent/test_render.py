@@ -1,4 +1,4 @@
-"""ChatRenderer: the context grows by appending ids (METHOD.md §2), checked against ChatML written by hand."""
+"""ChatRenderer: the context grows by appending ids (docs/method.md §2), checked against ChatML written by hand."""
 
 from __future__ import annotations
 

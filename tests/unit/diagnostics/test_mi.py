@@ -1,4 +1,4 @@
-"""Hand-derived checks of the MI proxies (METHOD.md §3)."""
+"""Hand-derived checks of the MI proxies (docs/method.md §3)."""
 
 import math
 
