@@ -5,16 +5,23 @@ decision that must be the same everywhere is made from gathered values: which gr
 keeps, how many optimizer steps and micro-batches there are, whitening statistics, the logged numbers.
 With one process every collective is the identity, so a single-process run computes bit for bit what
 it computed before any of this existed.
+
+``process_group_timeout`` builds the strategies' ``timeout`` (conf/trainer/ddp.yaml, fsdp.yaml): how long
+a collective waits for the other ranks before it fails, so a rank stuck for good ends the job.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from ragen2.config import ConfigError
 
 T = TypeVar("T")
 
@@ -85,3 +92,24 @@ def _backend_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def process_group_timeout(seconds: float) -> timedelta:
+    """``trainer.strategy.timeout``: the process group's limit on any one wait for the other ranks.
+
+    Lightning hands it to ``torch.distributed.init_process_group``; a collective still waiting after it
+    raises (gloo) or aborts the process (NCCL), so a rank that hangs ends the job instead of spending its
+    allocation. It must exceed the longest lead one rank can legitimately take: a rollout that is slow on
+    one rank only, rank 0's consolidated checkpoint, a validation pass.
+    """
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise ConfigError(
+            f"trainer.strategy.timeout.seconds={seconds!r} must be a positive number of seconds. "
+            "Fix: trainer.strategy.timeout.seconds=1800 (30 min)"
+        )
+    return timedelta(seconds=seconds)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# end_reason of an episode whose env call overran env.step_timeout_s (ragen2.agent.runner)
+ENV_TIMEOUT = "env_timeout"
+
 
 @dataclass
 class Turn:
@@ -44,7 +47,7 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     terminated: bool = False
     truncated: bool = False
-    end_reason: str = ""  # "terminated" | "env_truncated" | "max_turns" | "context"
+    end_reason: str = ""  # "terminated" | "env_truncated" | "max_turns" | "context" | "env_timeout"
     success: bool = False
 
     @property

@@ -1,23 +1,34 @@
-"""The multi-turn episode runner (METHOD.md §7).
+"""The multi-turn episode runner (docs/method.md §7).
 
 All active episodes of a collection are sampled together, one batched ``generate`` call per turn. The
 agent owns the format: it parses ``<answer>``, splits on ``||``, keeps at most ``max_actions_per_turn``
 actions and calls ``env.step`` once per action. A bad format or any invalid action costs the turn one
 ``format_penalty``; the episode goes on. Episodes end when the env terminates or truncates, at
 ``max_turns`` (truncated), or when the next turn would not fit ``max_context`` (truncated, never a crash).
+
+Env calls (``reset``, ``step``, the solver's ``oracle_action`` and its steps on a copy) run under
+``step_timeout_s`` (``ragen2.agent.timeout``). A call past it ends its episode like a context truncation:
+truncated, ``end_reason="env_timeout"``, the return as it stood (no penalty: the fault is the env's, not
+the policy's), the env discarded. The episode keeps its place in its group, so every group still holds
+``group_size`` rows for the filter and the advantages; one that timed out before its first turn was sampled
+holds one unsampled turn (its prompt, no tokens to train on, return 0). Each timeout is logged as a
+warning and counted in ``rollout/env_timeouts``.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from ragen2.agent.episode import Episode, Turn
+from ragen2.agent.episode import ENV_TIMEOUT, Episode, Turn
 from ragen2.agent.parsing import ACTION_SEP, parse_turn
 from ragen2.agent.reasoning import reasoning_ids
 from ragen2.agent.render import ChatRenderer
+from ragen2.agent.timeout import EnvTimeout, call_with_timeout
+from ragen2.log import log
 from ragen2.progress import bar
 from ragen2.rollout.base import PromptMeta, Sampler, SamplingParams
 
@@ -27,6 +38,12 @@ FORMAT_RULE = (
 )
 # a concrete reply in the env's own syntax: small models otherwise copy the placeholders verbatim
 EXAMPLE_REPLY = "Example reply: <think>I choose {action}.</think><answer>{action}</answer>"
+# the observation of an episode whose env.reset timed out (its one unsampled turn's prompt)
+NO_OBSERVATION = "(The environment did not respond.)"
+# seconds an env call may take (conf/env/*.yaml: env.step_timeout_s)
+DEFAULT_STEP_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,11 +52,23 @@ class AgentConfig:
     max_actions_per_turn: int = 2
     format_penalty: float = -0.1
     max_context: int = 4096  # tokens of prompt + response the model may hold
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S  # per env call; None or 0 = no limit
 
     def __post_init__(self) -> None:
         for key in ("max_turns", "max_actions_per_turn"):
             if getattr(self, key) < 1:
                 raise ValueError(f"env.{key}={getattr(self, key)} must be ≥ 1. Fix: env.{key}=1 or more")
+        limit = self.step_timeout_s
+        if limit is not None and (
+            isinstance(limit, bool)
+            or not isinstance(limit, int | float)
+            or not math.isfinite(limit)
+            or limit < 0
+        ):
+            raise ValueError(
+                f"env.step_timeout_s={limit!r} must be a number of seconds ≥ 0 (0 or null: no limit). "
+                f"Fix: env.step_timeout_s={DEFAULT_STEP_TIMEOUT_S:g}"
+            )
 
 
 def system_prompt(instructions: str, cfg: AgentConfig, max_tokens: int) -> str:
@@ -103,12 +132,18 @@ class EpisodeRunner:
         for g, seed in enumerate(seeds):
             for k in range(group_size):
                 env = self.env_factory()
-                obs, _ = env.reset(seed=int(seed), options={"sample": k})
+                ep = Episode(env_id=self.env_id, seed=int(seed), group=g, sample=k, system_prompt="")
+                try:
+                    obs, _ = self._call(ep, "reset", env.reset, seed=int(seed), options={"sample": k})
+                except EnvTimeout:
+                    obs = None
                 sys_prompt = system_prompt(env.instructions, self.cfg, self.params.max_new_tokens)
                 if renderer is None or renderer.system_prompt != sys_prompt:
                     renderer = ChatRenderer(self.tokenizer, sys_prompt)
+                ep.system_prompt = sys_prompt
+                shown = NO_OBSERVATION if obs is None else obs
                 first = renderer.first_prompt(
-                    self._user(env, 1, obs, self.cfg.max_turns * self.cfg.max_actions_per_turn)
+                    self._user(env, 1, shown, self.cfg.max_turns * self.cfg.max_actions_per_turn)
                 )
                 if len(first) + self.params.max_new_tokens > self.cfg.max_context:
                     raise ValueError(
@@ -117,19 +152,27 @@ class EpisodeRunner:
                         f"rollout.max_context={self.cfg.max_context}. Fix: raise rollout.max_context or lower "
                         "rollout.max_new_tokens."
                     )
+                if obs is None:
+                    _end_unsampled(ep, first, shown)
                 envs.append((env, renderer))
-                episodes.append(
-                    Episode(env_id=self.env_id, seed=int(seed), group=g, sample=k, system_prompt=sys_prompt)
-                )
+                episodes.append(ep)
                 prompts.append(first)
-                observations.append(obs)
+                observations.append(shown)
         actions_used = [0] * len(episodes)
-        active = list(range(len(episodes)))
+        # an episode whose env timed out leaves for good: its env is never reset, stepped or rendered again
+        # (a timed-out reset's prompt reads only what the env's configuration fixes: instructions, example)
+        active = [i for i, ep in enumerate(episodes) if not ep.end_reason]
         with bar(self.cfg.max_turns, desc, "turn") as progress:
             for turn in range(1, self.cfg.max_turns + 1):
                 meta = None
                 if sampler.needs_oracle:
-                    meta = [PromptMeta(oracle=self._oracle_plan(envs[i][0])) for i in active]
+                    plans = {
+                        i: self._planned(episodes[i], envs[i][0], prompts[i], observations[i]) for i in active
+                    }
+                    active = [i for i in active if not episodes[i].end_reason]
+                    meta = [PromptMeta(oracle=plans[i]) for i in active]
+                if not active:
+                    break
                 samples = sampler.generate(
                     [prompts[i] for i in active], params, sample_seed * 1009 + turn, meta
                 )
@@ -137,11 +180,14 @@ class EpisodeRunner:
                 for i, sample in zip(active, samples, strict=True):
                     env, renderer = envs[i]
                     ep = episodes[i]
-                    t = self._apply(env, prompts[i], observations[i], sample)
+                    t, timed_out = self._apply(ep, env, prompts[i], observations[i], sample)
                     ep.turns.append(t)
                     actions_used[i] += len(t.actions)
-                    done = any(info.get("_terminated") or info.get("_truncated") for info in t.infos)
                     ep.success = ep.success or any(bool(info.get("success")) for info in t.infos)
+                    if timed_out:
+                        ep.truncated, ep.end_reason = True, ENV_TIMEOUT
+                        continue
+                    done = any(info.get("_terminated") or info.get("_truncated") for info in t.infos)
                     if done:
                         ep.terminated = any(info.get("_terminated") for info in t.infos)
                         ep.truncated = not ep.terminated
@@ -165,19 +211,47 @@ class EpisodeRunner:
                     break
         return episodes
 
-    def _oracle_plan(self, env: Any) -> str | None:
+    def _call(self, ep: Episode, call: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` under ``step_timeout_s``; a call past it is logged, then EnvTimeout."""
+        try:
+            return call_with_timeout(fn, self.cfg.step_timeout_s, *args, **kwargs)
+        except EnvTimeout:
+            log.warning(
+                "%s seed %d (sample %d): env.%s did not return within env.step_timeout_s=%g s; the "
+                "episode ends as a failure (rollout/env_timeouts) and its env is discarded. Fix: raise "
+                "env.step_timeout_s if the env is only slow (null: no limit)",
+                ep.env_id or "the env",
+                ep.seed,
+                ep.sample,
+                call,
+                self.cfg.step_timeout_s,
+            )
+            raise
+
+    def _planned(self, ep: Episode, env: Any, prompt: list[int], observation: str) -> str | None:
+        """The solver's plan for this turn, or None; a timeout ends the episode before the turn is sampled."""
+        try:
+            return self._oracle_plan(ep, env)
+        except EnvTimeout:
+            if ep.turns:
+                ep.truncated, ep.end_reason = True, ENV_TIMEOUT
+            else:
+                _end_unsampled(ep, prompt, observation)
+            return None
+
+    def _oracle_plan(self, ep: Episode, env: Any) -> str | None:
         """The env solver's moves for one turn (up to max_actions_per_turn), played on a copy of the env."""
-        first = env.oracle_action()
+        first = self._call(ep, "oracle_action()", env.oracle_action)
         if first is None or self.cfg.max_actions_per_turn == 1:
             return first
         sim, plan = copy.deepcopy(env), [first]
-        _, _, terminated, truncated, _ = sim.step(first)
+        _, _, terminated, truncated, _ = self._call(ep, f"step({first!r}) on a copy", sim.step, first)
         while len(plan) < self.cfg.max_actions_per_turn and not (terminated or truncated):
-            action = sim.oracle_action()
+            action = self._call(ep, "oracle_action() on a copy", sim.oracle_action)
             if action is None:
                 break
             plan.append(action)
-            _, _, terminated, truncated, _ = sim.step(action)
+            _, _, terminated, truncated, _ = self._call(ep, f"step({action!r}) on a copy", sim.step, action)
         return ACTION_SEP.join(plan)
 
     def _user(self, env: Any, turn: int, obs: str, actions_left: int) -> str:
@@ -185,19 +259,27 @@ class EpisodeRunner:
             turn, obs, actions_left, self.cfg, self.params.max_new_tokens, env.example_action()
         )
 
-    def _apply(self, env: Any, prompt: list[int], observation: str, sample: Any) -> Turn:
+    def _apply(
+        self, ep: Episode, env: Any, prompt: list[int], observation: str, sample: Any
+    ) -> tuple[Turn, bool]:
+        """The turn, and whether an ``env.step`` timed out (its action is not counted: it never completed)."""
         text = self._decode(sample.ids)
         parsed = parse_turn(text, self.cfg.max_actions_per_turn, self._strip)
         reward, valid, infos = 0.0, [], []
+        timed_out = False
         for action in parsed.actions:
-            _, r, terminated, truncated, info = env.step(action)
+            try:
+                _, r, terminated, truncated, info = self._call(ep, f"step({action!r})", env.step, action)
+            except EnvTimeout:
+                timed_out = True
+                break
             reward += r
             valid.append(bool(info.get("action_is_valid", True)))
             infos.append({**info, "_terminated": terminated, "_truncated": truncated})
             if terminated or truncated:
                 break
         bad = not parsed.format_ok or not all(valid)
-        return Turn(
+        turn = Turn(
             prompt_ids=prompt,
             sampled_ids=list(sample.ids),
             sampler_logprobs=sample.logprobs,
@@ -213,3 +295,27 @@ class EpisodeRunner:
             reasoning_ids=reasoning_ids(sample.ids, self._decode),
             infos=infos,
         )
+        return turn, timed_out
+
+
+def _end_unsampled(ep: Episode, prompt: list[int], observation: str) -> None:
+    """End an episode whose env timed out before its first turn was sampled: one turn with the prompt it
+    would have been given and nothing sampled (no loss, return 0), so its group keeps every row."""
+    ep.turns.append(
+        Turn(
+            prompt_ids=list(prompt),
+            sampled_ids=[],
+            sampler_logprobs=[],
+            text="",
+            finish_reason=ENV_TIMEOUT,
+            observation=observation,
+            format_ok=True,  # the policy was never asked: not a format failure of its own
+            actions=[],
+            actions_valid=[],
+            reward=0.0,
+            penalty=0.0,
+            reasoning_ids=None,
+            entropies=[],
+        )
+    )
+    ep.truncated, ep.end_reason = True, ENV_TIMEOUT

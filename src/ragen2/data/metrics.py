@@ -31,6 +31,8 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "response_clip_rate": _mean([float(t.finish_reason == "length") for t in turns]),
         "truncation_rate": _mean([float(ep.truncated) for ep in episodes]),
         "context_truncation_rate": _mean([float(ep.end_reason == "context") for ep in episodes]),
+        # a count, not a rate: any hung env call is worth seeing (ragen2.agent.runner, env.step_timeout_s)
+        "env_timeouts": float(sum(ep.end_reason == "env_timeout" for ep in episodes)),
         "format_penalty": _mean([sum(t.penalty for t in ep.turns) for ep in episodes]),
         "sequence_length": _mean([len(ep.token_ids) for ep in episodes]),
         **_token_entropy(episodes),

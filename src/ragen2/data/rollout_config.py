@@ -13,7 +13,7 @@ from typing import Any
 
 import ragen2_envs
 
-from ragen2.agent.runner import AgentConfig, EpisodeRunner
+from ragen2.agent.runner import DEFAULT_STEP_TIMEOUT_S, AgentConfig, EpisodeRunner
 from ragen2.config import ConfigError
 from ragen2.rollout.base import Sampler, SamplingParams
 
@@ -30,6 +30,9 @@ class EnvConfig:
     """Actions the agent may chain in one turn with ``||``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The env constructor's keyword arguments."""
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
+    """Seconds each env call (reset, step) may take; one past it ends its episode as a counted failure
+    (``rollout/env_timeouts``). 0 or null: no limit."""
 
     def __post_init__(self) -> None:
         if self.id not in ragen2_envs.ENV_IDS:
@@ -37,7 +40,11 @@ class EnvConfig:
                 f"env.id={self.id!r} is not a ragen2 environment. Fix: env=<name> (conf/env/), or an id of "
                 f"{', '.join(sorted(ragen2_envs.ENV_IDS))}"
             )
-        AgentConfig(max_turns=self.max_turns, max_actions_per_turn=self.max_actions_per_turn)  # checks both
+        AgentConfig(  # checks all three
+            max_turns=self.max_turns,
+            max_actions_per_turn=self.max_actions_per_turn,
+            step_timeout_s=self.step_timeout_s,
+        )
         object.__setattr__(self, "kwargs", dict(self.kwargs or {}))
 
     def make(self) -> ragen2_envs.TextEnv:
@@ -106,6 +113,7 @@ class RolloutConfig:
             max_actions_per_turn=env.max_actions_per_turn,
             format_penalty=self.format_penalty,
             max_context=self.max_context,
+            step_timeout_s=env.step_timeout_s,
         )
         return EpisodeRunner(env.make, tokenizer, agent, self.params(), env_id=env.id)
 

@@ -1,4 +1,4 @@
-"""EpisodeRunner: the token contract (METHOD.md §2) and the agent protocol (§7) on real envs and samplers.
+"""EpisodeRunner: the token contract (docs/method.md §2) and the agent protocol (§7) on real envs and samplers.
 
 The samplers' outputs are captured by a recording wrapper, so the checks compare the episodes against
 what the sampler really returned (and what it was really fed), never against the Turn objects alone.
@@ -6,19 +6,25 @@ what the sampler really returned (and what it was really fed), never against the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import ragen2_envs
 import torch
+from ragen2_envs.sokoban.env import SokobanEnv
 
 from ragen2.agent import AgentConfig, Episode, EpisodeRunner
-from ragen2.agent.runner import user_message
+from ragen2.agent.runner import NO_OBSERVATION, user_message
+from ragen2.data.batch import by_group, collate_episodes
+from ragen2.data.metrics import rollout_metrics
 from ragen2.rollout import PromptMeta, Sample, SamplingParams
 from ragen2.rollout.hf import HFSampler
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
@@ -103,7 +109,7 @@ def _run(tokenizer, responses: Sequence[str], seeds=(CORNER_SEED,), group_size=1
 
 
 def check_token_contract(episodes: list[Episode], rec: Recorder, runner: EpisodeRunner, env_kw=None) -> None:
-    """Every METHOD.md §2 property of the runner's output, against the recorded sampler calls."""
+    """Every docs/method.md §2 property of the runner's output, against the recorded sampler calls."""
     tok, cfg, params = runner.tokenizer, runner.cfg, runner.params
     eos = tok.eos_token_id
     think = _enc(tok, "<think>")
@@ -253,7 +259,7 @@ def test_every_rollout_of_a_group_sees_the_same_first_prompt(tokenizer, env_id: 
     check_token_contract(episodes, rec, runner)
 
 
-# ---- METHOD.md §7 semantics, hand-computed on Sokoban ------------------------------------------
+# ---- docs/method.md §7 semantics, hand-computed on Sokoban ------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -419,3 +425,184 @@ def test_agent_config_is_validated() -> None:
         AgentConfig(max_turns=0)
     with pytest.raises(ValueError, match="max_actions_per_turn"):
         AgentConfig(max_actions_per_turn=0)
+
+
+# ---- env calls that hang: env.step_timeout_s (ragen2.agent.timeout) -----------------------------
+
+
+def _spin() -> None:
+    """A pure-Python hang that even swallows ``except Exception``, as careless env code might."""
+    while True:
+        with contextlib.suppress(Exception):
+            sum(range(1000))
+
+
+class HangingSokoban(SokobanEnv):
+    """Real Sokoban whose ``call`` never returns for one rollout (``sample``) of the instance ``seed``.
+
+    ``call`` is "reset", "step" (the action "Left") or "oracle" (the solver's next move); ``how`` is a
+    CPU-bound loop ("spin") or a blocking sleep ("sleep"). Records any call made after the hang.
+    """
+
+    made: ClassVar[list[HangingSokoban]] = []
+
+    def __init__(self, call: str, sample: int = 1, seed: int = CORNER_SEED, how: str = "spin") -> None:
+        super().__init__()
+        self.call, self.hang_sample, self.hang_seed, self.how = call, sample, seed, how
+        self.current: tuple[int | None, int] = (None, 0)
+        self.hung = False
+        self.late_calls: list[str] = []
+        HangingSokoban.made.append(self)
+
+    def _maybe_hang(self, call: str) -> None:
+        if self.hung:
+            self.late_calls.append(call)
+        elif call == self.call and self.current == (self.hang_seed, self.hang_sample):
+            self.hung = True
+            _spin() if self.how == "spin" else time.sleep(3600)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        self.current = (seed, int((options or {}).get("sample", 0)))
+        self._maybe_hang("reset")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if action == "Left":
+            self._maybe_hang("step")
+        elif self.hung:
+            self.late_calls.append("step")
+        return super().step(action)
+
+    def oracle_action(self) -> str | None:
+        self._maybe_hang("oracle")
+        return super().oracle_action()
+
+    def render_state(self) -> str:
+        if self.hung:
+            self.late_calls.append("render_state")
+        return super().render_state()
+
+
+def _hanging_runner(tokenizer, call: str, cfg: AgentConfig, **kw: Any) -> EpisodeRunner:
+    HangingSokoban.made.clear()
+    return EpisodeRunner(
+        partial(HangingSokoban, call, **kw), tokenizer, cfg, SamplingParams(max_new_tokens=64), env_id=SOKOBAN
+    )
+
+
+def _check_hung_env_left_alone() -> None:
+    (hung,) = [env for env in HangingSokoban.made if env.hung]
+    assert hung.late_calls == []  # a hung env instance is never called again
+
+
+WALLS = "Corner.</think><answer>Down || Left</answer>"  # two moves into walls from the corner: −0.1 each
+
+
+@pytest.mark.timeout(30)  # without a limit the hung step never returns: the test fails here, not forever
+def test_hung_step_ends_its_episode_as_a_counted_failure(tokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    runner = _hanging_runner(tokenizer, "step", AgentConfig(max_turns=2, step_timeout_s=0.5))
+    start = time.monotonic()
+    episodes = runner.collect(ScriptedSampler(tokenizer, [WALLS]), [CORNER_SEED], 3, sample_seed=0)
+    assert time.monotonic() - start < 10
+    # samples 0 and 2: 2 turns × (Down −0.1, Left −0.1). Sample 1: its first "Left" hangs, so turn 1 keeps
+    # "Down" (−0.1) and the episode ends there with that return: no penalty, the turn's tokens kept
+    assert [ep.episode_return for ep in episodes] == pytest.approx([-0.4, -0.1, -0.4])
+    hung = episodes[1]
+    assert (hung.end_reason, hung.truncated, hung.terminated, hung.success) == (
+        "env_timeout",
+        True,
+        False,
+        False,
+    )
+    (turn,) = hung.turns
+    assert turn.actions == ["Down"] and turn.actions_valid == [True] and turn.penalty == 0.0
+    assert turn.sampled_ids == list(tokenizer.encode(WALLS, add_special_tokens=False))
+    assert [ep.end_reason for ep in episodes[::2]] == ["max_turns", "max_turns"]
+    assert rollout_metrics(episodes)["env_timeouts"] == 1.0
+    # the group keeps its 3 rows: the filter and the advantages see a full group
+    batch = collate_episodes(episodes, 1, tokenizer.pad_token_id)
+    assert by_group(batch.returns, batch.group_index, 1).tolist() == [pytest.approx([-0.4, -0.1, -0.4])]
+    assert batch.loss_mask[1].sum() == len(turn.sampled_ids)
+    (record,) = [r for r in caplog.records if "step_timeout_s" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert f"{SOKOBAN} seed {CORNER_SEED} (sample 1): env.step('Left') did not return" in record.getMessage()
+    _check_hung_env_left_alone()
+
+
+@pytest.mark.timeout(30)
+def test_hung_reset_ends_its_episode_before_it_is_sampled(
+    tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # sample 1 of seed 3 sleeps in reset; the sleep is interrupted, the other three episodes play on
+    runner = _hanging_runner(
+        tokenizer, "reset", AgentConfig(max_turns=2, step_timeout_s=0.5), seed=3, how="sleep"
+    )
+    rec = Recorder(ScriptedSampler(tokenizer, [WALLS]))
+    episodes = runner.collect(rec, [CORNER_SEED, 3], 2, sample_seed=0)
+    hung = episodes[3]
+    assert (hung.seed, hung.sample, hung.end_reason, hung.truncated) == (3, 1, "env_timeout", True)
+    # one unsampled turn: the prompt it would have had (no observation), nothing to train on, return 0
+    (turn,) = hung.turns
+    assert turn.sampled_ids == [] and turn.observation == NO_OBSERVATION and hung.episode_return == 0.0
+    assert hung.token_ids == turn.prompt_ids and NO_OBSERVATION in tokenizer.decode(turn.prompt_ids)
+    assert turn.reasoning_ids is None and turn.penalty == 0.0
+    assert [len(call.prompts) for call in rec.calls] == [3, 3]  # the sampler never saw it
+    # seed 2: walls, −0.4; seed 3: Down, Left push the box, then Down (a wall) and Left onto the target:
+    # −0.1 · 3 + (−0.1 + 1 + 10) = 10.6
+    assert [ep.episode_return for ep in episodes] == pytest.approx([-0.4, -0.4, 10.6, 0.0])
+    assert [ep.end_reason for ep in episodes[:3]] == ["max_turns", "max_turns", "terminated"]
+    assert rollout_metrics(episodes)["env_timeouts"] == 1.0
+    batch = collate_episodes(episodes, 2, tokenizer.pad_token_id)
+    assert by_group(batch.returns, batch.group_index, 2).shape == (2, 2)
+    assert batch.loss_mask[3].sum() == 0 and batch.attention_mask[3].sum() == len(turn.prompt_ids)
+    assert any("env.reset did not return" in r.getMessage() for r in caplog.records)
+    _check_hung_env_left_alone()
+
+
+@pytest.mark.timeout(30)
+def test_hung_solver_ends_its_episode_before_the_turn_is_sampled(tokenizer) -> None:
+    # the scripted sampler asks the env's solver for each prompt's plan; sample 1's solver hangs
+    runner = _hanging_runner(
+        tokenizer, "oracle", AgentConfig(max_turns=3, max_actions_per_turn=2, step_timeout_s=0.5)
+    )
+    rec = Recorder(ScriptedSampler(tokenizer, ["Plan.</think><answer>{oracle}</answer>"]))
+    episodes = runner.collect(rec, [CORNER_SEED], 3, sample_seed=0)
+    # samples 0 and 2 solve seed 2 in one turn (2 moves at −0.1, box on target +1, solved +10)
+    assert [ep.episode_return for ep in episodes] == pytest.approx([10.8, 0.0, 10.8])
+    assert [ep.end_reason for ep in episodes] == ["terminated", "env_timeout", "terminated"]
+    (turn,) = episodes[1].turns
+    assert turn.sampled_ids == [] and turn.prompt_ids == episodes[0].turns[0].prompt_ids
+    assert len(rec.calls[0].prompts) == 2
+    _check_hung_env_left_alone()
+
+
+@pytest.mark.timeout(30)
+def test_hung_step_off_the_main_thread_is_bounded_too(tokenizer) -> None:
+    # signals reach the main thread only: elsewhere the call runs in a worker thread that is stopped
+    runner = _hanging_runner(tokenizer, "step", AgentConfig(max_turns=2, step_timeout_s=0.5))
+    out: list[list[Episode]] = []
+    thread = threading.Thread(
+        target=lambda: out.append(runner.collect(ScriptedSampler(tokenizer, [WALLS]), [CORNER_SEED], 3, 0)),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the collection hung"
+    (episodes,) = out
+    assert [ep.episode_return for ep in episodes] == pytest.approx([-0.4, -0.1, -0.4])
+    assert [ep.end_reason for ep in episodes] == ["max_turns", "env_timeout", "max_turns"]
+    # the abandoned call was stopped by its asynchronous exception: no spinning thread is left behind
+    deadline = time.monotonic() + 5
+    while any(t.name == "ragen2-env-call" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "ragen2-env-call" for t in threading.enumerate())
+    _check_hung_env_left_alone()
+
+
+def test_no_limit_and_a_bad_limit(tokenizer) -> None:
+    for off in (None, 0):
+        (ep,) = _run(tokenizer, [WALLS], cfg=AgentConfig(max_turns=1, step_timeout_s=off))
+        assert ep.episode_return == pytest.approx(-0.2)
+    for bad in (-1, float("nan"), float("inf"), "60", True):
+        with pytest.raises(ValueError, match=r"env\.step_timeout_s=.*Fix: env\.step_timeout_s=60"):
+            AgentConfig(step_timeout_s=bad)
