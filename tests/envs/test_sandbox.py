@@ -165,6 +165,30 @@ def test_detached_daemon_is_killed_when_the_program_exits(method: str) -> None:
     assert _sandbox_uid_processes() == []
 
 
+class _Interrupted(BaseException):
+    pass
+
+
+def test_an_interrupted_run_leaves_nothing_running(method: str) -> None:
+    # a caller's deadline (the runner's env.step_timeout_s raises from a SIGALRM handler) or Ctrl-C cuts the
+    # run short: the program must die with it, not run out its own timeout_s
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(_Interrupted):
+            run_python("import time\ntime.sleep(30)", timeout_s=30.0, method=method)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    deadline = time.monotonic() + 5.0  # the kernel tears a killed namespace down asynchronously
+    while _sandbox_uid_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sandbox_uid_processes() == []
+
+
 def test_huge_allocation_fails_inside_the_address_space_limit(method: str) -> None:
     r = run_python(
         "x = bytearray(2 * 1024**3)\nprint('allocated')", timeout_s=2.0, memory_mb=256, method=method

@@ -545,6 +545,13 @@ def _launch_cases(
         return json.loads((io_dir / "status.json").read_text())
 
 
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the launcher's whole group and reap it. The launcher is namespace init, killed with this group
+    (under bubblewrap, by --die-with-parent): the kernel then kills everything inside."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
 def _launch(cmd: list[str], pass_fds: list[int], user: int | None, backstop_s: float) -> None:
     """Run the launcher with a minimal environment; kill its whole group if it overruns."""
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -556,13 +563,14 @@ def _launch(cmd: list[str], pass_fds: list[int], user: int | None, backstop_s: f
     try:
         _, err = proc.communicate(timeout=backstop_s)
     except subprocess.TimeoutExpired:
-        # the launcher is namespace init, killed with this group (under bubblewrap, by --die-with-parent):
-        # the kernel then kills everything inside
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        _kill_group(proc)
         raise RuntimeError(
             f"sandbox launcher overran its {backstop_s:.0f} s backstop and was killed"
         ) from None
+    except BaseException:
+        # interrupted from outside (Ctrl-C, the runner's env.step_timeout_s): the program must not run on
+        _kill_group(proc)
+        raise
     if proc.returncode != 0:
         raise RuntimeError(
             f"sandbox launcher failed (exit {proc.returncode}): {err.decode(errors='replace')}"
