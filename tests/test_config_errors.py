@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,73 @@ BAD = [
     (["trainer.devices=auto"], r"trainer\.devices='auto'.*Fix: trainer\.devices=1"),
     (["trainer=ddp", "trainer.devices=3"], r"rollout\.groups=4 does not divide among 3 ranks.*Fix"),
     (["iterations=0"], r"iterations=0 must be ≥ 1"),
+    # types, checked against the config dataclasses' annotations (and the run's own keys) before any build
+    (["rollout.groups=abc"], r"rollout\.groups='abc' is text, not an integer\. Fix: rollout\.groups=4$"),
+    (["seed=abc"], r"seed='abc' is text, not an integer\. Fix: seed=0$"),
+    (
+        ["rollout.groups=2.5"],
+        r"rollout\.groups=2\.5 is a float, not an integer\. Fix: rollout\.groups=2 or rollout\.groups=3",
+    ),
+    (
+        ["algo.epochs=1.5"],
+        r"algo\.epochs=1\.5 is a float, not an integer\. Fix: algo\.epochs=1 or algo\.epochs=2",
+    ),
+    (
+        ["algo.mini_batch_size=2.5"],
+        r"algo\.mini_batch_size=2\.5 is a float, not an integer\. Fix: algo\.mini_batch_size=2 or",
+    ),
+    (["iterations=2.5"], r"^iterations=2\.5 is a float, not an integer\. Fix: iterations=2 or iterations=3"),
+    (
+        ["max_turns_cap=0"],
+        r"^max_turns_cap=0 must be ≥ 1 turn, or null .*Fix: max_turns_cap=3, or max_turns_cap=null",
+    ),
+    (["max_turns_cap=abc"], r"^max_turns_cap='abc' is text, not an integer or null\. Fix: max_turns_cap=3"),
+    (
+        ["rollout.temperature=abc"],
+        r"rollout\.temperature='abc' is text, not a number\. Fix: rollout\.temperature=1\.0",
+    ),
+    (
+        ["rollout.save_jsonl=1"],
+        r"rollout\.save_jsonl=1 is an integer, not true or false\. Fix: rollout\.save_jsonl=false",
+    ),
+    (["val.every_n_iterations=1.5"], r"val\.every_n_iterations=1\.5 is a float, not an integer\. Fix"),
+    (["env.max_turns=2.5"], r"env\.max_turns=2\.5 is a float, not an integer\. Fix: env\.max_turns=2 or"),
+    (["model.dtype=16"], r"model\.dtype=16 is an integer, not text\. Fix: model\.dtype='float32'"),
+    (["algo.optim.lr=abc"], r"algo\.optim\.lr='abc' is text, not a number\. Fix: algo\.optim\.lr=1e-06"),
+    (
+        ["algo.optim.betas=[0.9,abc]"],
+        r"algo\.optim\.betas=\[0\.9, 'abc'\] is a list, not a list of 2 numbers\. Fix",
+    ),
+    (
+        ["algo.share_prompt_prefix=1"],
+        r"algo\.share_prompt_prefix=1 is an integer, not true or false\. Fix: .*=false",
+    ),
+    # types of what a config node hands its _target_, against the target's annotations, named where set
+    (["filter.value=abc"], r"^filter\.value='abc' is text, not a number\. Fix: filter\.value=0\.9$"),
+    (["algo=ppo", "algo.critic.lr=abc"], r"^algo\.critic\.lr='abc' is text, not a number\. Fix"),
+    (
+        ["diagnostics.every_n_iterations=1.5"],
+        r"^diagnostics\.every_n_iterations=1\.5 is a float, not an integer\. Fix: diagnostics\.every_n_iterations=1",
+    ),
+    (
+        ["callbacks.checkpoint.every_n_iterations=abc"],
+        r"^callbacks\.checkpoint\.every_n_iterations='abc' is text, not an integer\. Fix",
+    ),
+    (
+        ["logger=wandb", "logger.wandb.offline=abc"],
+        r"^logger\.wandb\.offline='abc' is text, not true or false",
+    ),
+    # silent footguns
+    (
+        ["rollout.temperature=0"],
+        r"rollout\.temperature=0 samples greedily: the rollout\.group_size=4 rollouts of a group are one and "
+        r"the same episode.*filter keeps none.*Fix: rollout\.temperature=1\.0",
+    ),
+    (
+        ["model.name_or_path=/nonexistent"],
+        r"model\.name_or_path='/nonexistent' is no folder \(nothing there\) and no hub name\. Fix: a local HF "
+        r"model folder",
+    ),
 ]
 # a typo in a group name: Hydra's own error names the group, the value and the options there are
 TYPOS = [
@@ -155,3 +223,96 @@ def test_the_command_line_refuses_a_moved_key(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "filter.loss_scaling has moved: set algo.loss_scaling instead" in done.stderr
+
+
+def test_an_unwritable_checkpoint_folder_fails_at_start_up(no_model_loads: None, tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("a file where the folder would go")
+    dirpath = taken / "checkpoints"
+    with pytest.raises(
+        ValueError,
+        match=rf"^callbacks\.checkpoint\.dirpath={dirpath} cannot be written: {taken} is a file, not a folder\. "
+        r"Fix: callbacks\.checkpoint\.dirpath=<a writable folder>$",
+    ):
+        run(compose(["model=tiny", f"callbacks.checkpoint.dirpath={dirpath}"], run_dir=str(tmp_path / "run")))
+    with pytest.raises(ValueError, match=rf"^run_dir={taken / 'run'} cannot be written: .*Fix: run_dir="):
+        run(compose(["model=tiny"], run_dir=str(taken / "run")))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_checkpoint_folder_fails_at_start_up(no_model_loads: None, tmp_path: Path) -> None:
+    read_only = tmp_path / "read_only"
+    read_only.mkdir(mode=0o555)
+    with pytest.raises(ValueError, match=rf"{read_only} does not take new files \(Permission denied\)"):
+        run(compose(["model=tiny"], run_dir=str(read_only / "run")))
+
+
+def test_a_qwen_model_without_a_local_copy_says_how_to_get_one(
+    no_model_loads: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import huggingface_hub
+
+    # hub downloads off (ragen2's default) and an empty Hugging Face cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("RAGEN2_MODELS", raising=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^model\.name_or_path='Qwen/Qwen2\.5-0\.5B-Instruct' is no local folder, and as a hub name it is "
+        r"not in the local Hugging Face cache .*hub downloads are off \(HF_HUB_OFFLINE=1.*Fix: HF_HUB_OFFLINE=0 "
+        r"to download it, RAGEN2_MODELS=<folder holding a copy>",
+    ):
+        run(compose(["model=qwen2.5_0.5b"], run_dir=str(tmp_path / "run")))
+
+    models = tmp_path / "models"
+    models.mkdir()
+    monkeypatch.setenv("RAGEN2_MODELS", str(models))
+    with pytest.raises(
+        ValueError,
+        match=rf"RAGEN2_MODELS={models} holds no Qwen2\.5-0\.5B-Instruct folder\. Fix: put the model there",
+    ):
+        run(compose(["model=qwen2.5_0.5b"], run_dir=str(tmp_path / "run")))
+
+
+def test_a_local_copy_under_ragen2_models_is_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from ragen2.config import settings
+    from ragen2.models.loading import ModelConfig, resolve_model_path
+
+    # the tiny model's folder stands in for a copy of Qwen2.5-0.5B-Instruct
+    (tmp_path / "Qwen2.5-0.5B-Instruct").symlink_to(resolve_model_path("tiny"))
+    monkeypatch.setenv("RAGEN2_MODELS", str(tmp_path))
+    node = OmegaConf.to_container(compose(["model=qwen2.5_0.5b"]).model, resolve=True)
+    model = settings(ModelConfig, node, "model")
+    assert model.name_or_path == str(tmp_path / "Qwen2.5-0.5B-Instruct")
+
+
+def test_wandb_online_is_not_overridden_by_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from ragen2.config import build
+
+    # a WANDB_MODE in the environment (slurm/env.sh exports one; Lightning sets dryrun for an offline logger)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg = compose(["logger=wandb", "logger.wandb.offline=false"], run_dir=str(tmp_path))
+    logger = build(cfg.logger.wandb)
+    # what the logger hands wandb.init: its mode= beats WANDB_MODE (wandb's settings precedence)
+    assert logger._wandb_init["mode"] == "online"
+    offline = build(compose(["logger=wandb"], run_dir=str(tmp_path)).logger.wandb)
+    assert offline._offline and "mode" not in offline._wandb_init
+
+
+def test_the_environment_defaults_leave_wandb_to_the_config_and_hub_downloads_to_one_switch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ragen2._env import set_defaults
+
+    monkeypatch.setattr(os, "environ", {})
+    set_defaults()
+    assert "WANDB_MODE" not in os.environ
+    assert os.environ["HF_HUB_OFFLINE"] == os.environ["TRANSFORMERS_OFFLINE"] == "1"
+    monkeypatch.setattr(os, "environ", {"HF_HUB_OFFLINE": "0"})
+    set_defaults()
+    assert os.environ["TRANSFORMERS_OFFLINE"] == "0"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from ragen2.config import CONF_DIR, ConfigError, build, compose
+from ragen2.config import CONF_DIR, ConfigError, build, compose, validate
 
 # conf/base/ holds the shared defaults the algo and rollout files start from: not a choice
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "base", "sweep"))
@@ -41,6 +41,7 @@ def test_group_option_composes_and_instantiates(
         pytest.importorskip("vllm", reason="vllm is not installed")
     parent = PARENT.get((group, option), NESTED.get(group))
     cfg = compose([*([parent] if parent else []), override, "model=tiny"], run_dir=str(tmp_path))
+    validate(cfg)  # every value of every option fits its key's type
     data = instantiate(cfg.data)
     module = instantiate(cfg.module)
     assert data.env.id == cfg.env.id
@@ -123,3 +124,22 @@ def test_shared_prompt_passes_are_refused_under_fsdp() -> None:
     validate(compose(["trainer=ddp", "algo.share_prompt_prefix=true"]))
     with pytest.raises(ConfigError, match=r"algo.share_prompt_prefix=true with trainer=fsdp.*Fix:"):
         validate(compose(["trainer=fsdp", "algo.share_prompt_prefix=true"]))
+
+
+def test_val_every_n_iterations_0_turns_lightnings_validation_off() -> None:
+    assert instantiate(compose(["val.every_n_iterations=1"]).trainer).limit_val_batches == 1.0
+    assert instantiate(compose(["val.every_n_iterations=0"]).trainer).limit_val_batches == 0
+
+
+@pytest.mark.slow
+def test_val_every_n_iterations_0_means_no_validation(tmp_path: Path) -> None:
+    """Lightning's validation interval is val.every_n_iterations; at 0 (documented as no validation) Lightning
+    divided by it once iteration 0 ended. Validation is now off through limit_val_batches=0 instead."""
+    from ragen2.train import run
+
+    fast = ["model=tiny", "rollout=scripted", "iterations=1", "diagnostics=off", "logger.tensorboard=null"]
+    fast += ["rollout.groups=2", "rollout.group_size=2", "algo.mini_batch_size=2", "max_turns_cap=1"]
+    metrics = run(compose([*fast, "val.every_n_iterations=0"], run_dir=str(tmp_path)))
+    assert metrics["train/iteration"] == 0
+    assert not [k for k in metrics if k.startswith("val/")]
+    assert "val/" not in (tmp_path / "csv" / "metrics.csv").read_text()

@@ -2,22 +2,37 @@
 
 Each consumer gets one validated object for its node (``algo`` -> ``AlgoConfig``, ``rollout`` ->
 ``RolloutConfig``, ``filter`` -> ``GroupFilter``, …), built by ``settings``, which refuses a key the
-object does not have and says where a moved key went. ``check_overrides`` does the same for
-command-line overrides before Hydra sees them; ``validate`` checks the composed config before anything
-is built (moved keys, the device count) and ``check_batch`` what spans two objects (the mini-batch
-against the batch).
+object does not have, says where a moved key went, and refuses a value of the wrong type against the
+field's annotation (a float for an int, text for a number, a number for a bool). ``check_overrides`` does
+the same for command-line overrides before Hydra sees them; ``validate`` checks the composed config before
+anything is built (moved keys, the run's own keys, the device count, the checkpoint folder) and
+``check_batch`` what spans two objects (the mini-batch against the batch).
+
+On the command line a ``ConfigError`` is one line, ``ragen2-train: <key>=<value> … Fix: …``, not a
+traceback (``one_line_errors``; ``HYDRA_FULL_ERROR=1`` gives the traceback). Under ``--multirun`` a failed
+job does not stop the others of its batch: ``JobErrors`` logs each job's error as it fails, and Hydra
+raises the first once the batch is done, printed as its message alone (a ``ConfigError`` is one of Hydra's
+compact errors).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 import math
 import os
+import re
 import sys
+import tempfile
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ragen2.log import log
@@ -33,6 +48,9 @@ OmegaConf.register_new_resolver(
 
 # ${ragen2.is_set:${algo.critic}}: whether a node is set (DDP looks for unused parameters only with a critic)
 OmegaConf.register_new_resolver("ragen2.is_set", lambda node: node is not None, replace=True)
+# ${ragen2.val_batches:${val.every_n_iterations}}: Lightning's limit_val_batches, 0 (its "no validation", which
+# it checks before the epoch interval) when val.every_n_iterations=0
+OmegaConf.register_new_resolver("ragen2.val_batches", lambda every: 1.0 if every else 0, replace=True)
 
 CONF_DIR = Path(os.environ.get("RAGEN2_CONF", Path(__file__).resolve().parents[2] / "conf"))
 
@@ -56,10 +74,13 @@ RESPELLED: dict[str, str] = {
 }
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
-class ConfigError(ValueError):
-    """A config value that cannot work, named with its key, its value and the fix."""
+class ConfigError(ValueError, CompactHydraException):
+    """A config value that cannot work, named with its key, its value and the fix.
+
+    Hydra prints a compact exception as its message alone (no traceback unless ``HYDRA_FULL_ERROR=1``)."""
 
 
 def _moved(key: str, table: Mapping[str, tuple[str, str]] = MOVED) -> str | None:
@@ -83,8 +104,17 @@ def check_overrides(overrides: Iterable[str]) -> None:
             raise ConfigError(f"{override!r}: {moved}")
 
 
+def version_line(prog: str) -> str:
+    """What ``<prog> --version`` prints: the program and the installed ragen2's version."""
+    return f"{prog} (ragen2) {importlib.metadata.version('ragen2')}"
+
+
 def command_line(prog: str, hydra_main: Callable[[], None]) -> None:
-    """An entry point: refuse moved keys on the command line with a one-line error, then run Hydra."""
+    """An entry point: ``--version`` answers with ragen2's version (Hydra would give its own), moved keys on
+    the command line are refused with a one-line error, then Hydra runs."""
+    if "--version" in sys.argv[1:]:
+        print(version_line(prog))
+        sys.exit(0)
     try:
         check_overrides(sys.argv[1:])
     except ConfigError as err:
@@ -92,21 +122,164 @@ def command_line(prog: str, hydra_main: Callable[[], None]) -> None:
     hydra_main()
 
 
-def settings(cls: type[T], node: Mapping[str, Any] | T | None, key: str) -> T:
-    """``cls(**node)`` for the config node at ``key``, refusing keys ``cls`` does not have.
+def one_line_errors(prog: str) -> Callable[[Callable[[DictConfig], R]], Callable[[DictConfig], R]]:
+    """Decorates a Hydra task function: a single run's ``ConfigError`` ends the process with one line on
+    stderr, ``<prog>: <key>=<value> … Fix: …`` (Hydra would add its own lines around it). Under
+    ``--multirun`` it is raised on, so that Hydra records the job as failed and runs the others;
+    ``HYDRA_FULL_ERROR=1`` raises it on too, for the traceback."""
 
-    The error names ``key.<name>``, where a moved key went, and the keys ``cls`` knows.
+    def decorate(task: Callable[[DictConfig], R]) -> Callable[[DictConfig], R]:
+        @functools.wraps(task)  # Hydra names the job (and its log) after the wrapped function's module
+        def run_task(cfg: DictConfig) -> R:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            try:
+                return task(cfg)
+            except ConfigError as err:
+                if HydraConfig.get().mode == RunMode.MULTIRUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                sys.exit(f"{prog}: {err}")  # SystemExit passes Hydra's run_job, which catches Exception
+
+        return run_task
+
+    return decorate
+
+
+class JobErrors(Callback):
+    """A Hydra callback (conf/hydra/default.yaml): under ``--multirun``, each failed job's error in its own log
+    and on the console as it happens. Hydra raises only the batch's first failure, once the batch is done;
+    a single run's error is printed by Hydra itself."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.MULTIRUN:
+            return
+        err = job_return._return_value  # the public return_value re-raises it
+        job = f"job {config.hydra.job.num} ({' '.join(job_return.overrides)})"
+        if isinstance(err, ConfigError):
+            log.error("%s failed: %s", job, err)
+        else:
+            log.error("%s failed", job, exc_info=err)
+
+
+# ---- types against the dataclasses' annotations -------------------------------------------------------
+_TYPE_NAMES: dict[type, str] = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` may stand for a ``hint``: exact for bool, int, float (an int too), str, their unions
+    and containers; any other type (a class, a Protocol, a callable) is the constructor's to check."""
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return (value is None and type(None) in args) or any(
+            _fits(value, a) for a in args if a is not type(None)
+        )
+    if origin in (tuple, list, Sequence):
+        if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+            return False
+        items = args if origin is tuple and Ellipsis not in args else args[:1] * len(value)
+        return all(_fits(v, a) for v, a in zip(value, items, strict=False))
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        return isinstance(value, Mapping)
+    return True
+
+
+def _expected(hint: Any) -> str:
+    """``hint`` in words (only called for a hint ``_fits`` checks)."""
+    if hint in _TYPE_NAMES:
+        return _TYPE_NAMES[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        words = [_expected(a) for a in args if a is not type(None)]
+        return " or ".join(words + (["null"] if type(None) in args else []))
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        return "a mapping of key: value"
+    items = [a for a in args if a is not Ellipsis]
+    plural = (
+        {bool: "bools", int: "integers", float: "numbers", str: "strings"}.get(items[0]) if items else None
+    )
+    if plural is None or len(set(items)) > 1:
+        return "a list"
+    return (
+        f"a list of {len(items)} {plural}"
+        if origin is tuple and Ellipsis not in args
+        else f"a list of {plural}"
+    )
+
+
+def _show(value: Any) -> str:
+    """A value as it is written on the command line (``true``, ``null``, ``'text'``, ``2.5``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _kind(value: Any) -> str:
+    """What ``value`` is, in words."""
+    kinds = ((bool, "a bool"), (int, "an integer"), (float, "a float"), (str, "text"), (Mapping, "a mapping"))
+    if value is None:
+        return "null"
+    for cls, word in kinds:  # bool before int: a bool is an int to isinstance
+        if isinstance(value, cls):
+            return word
+    return "a list" if isinstance(value, Sequence) else f"a {type(value).__name__}"
+
+
+def check_type(key: str, value: Any, hint: Any, example: Any = None) -> None:
+    """Refuse ``value`` for the config key ``key`` unless it fits ``hint``; the fix shows ``example``."""
+    if _fits(value, hint):
+        return
+    if hint is int and isinstance(value, float) and math.isfinite(value):
+        low, high = math.floor(value), math.ceil(value)
+        fix = f"{key}={low}" if low == high else f"{key}={low} or {key}={high}"
+    elif example is not None and _fits(example, hint):
+        fix = f"{key}={_show(example)}"
+    else:
+        fix = f"{key}=<{_expected(hint)}>"
+    raise ConfigError(f"{key}={_show(value)} is {_kind(value)}, not {_expected(hint)}. Fix: {fix}")
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, tuple[Any, Any]]:
+    """Each field of the dataclass ``cls``: its resolved annotation and its default (None when it has none)."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: (hints[f.name], None if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(cls)
+    }
+
+
+def settings(cls: type[T], node: Mapping[str, Any] | T | None, key: str) -> T:
+    """``cls(**node)`` for the config node at ``key``, refusing keys ``cls`` does not have and values whose
+    type does not fit the field's annotation.
+
+    The error names ``key.<name>`` with its value, where a moved key went, the keys ``cls`` knows, or the
+    type the field takes.
     """
     if isinstance(node, cls):
         return node
     values = dict(node or {})
-    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    for name in values:
-        if name in known:
+    fields = _field_types(cls)
+    for name, value in values.items():
+        if name in fields:
+            check_type(f"{key}.{name}", value, *fields[name])
             continue
         moved = _moved(f"{key}.{name}")
         raise ConfigError(
-            moved or f"{key}.{name}={values[name]!r} is not a setting. Fix: one of {', '.join(known)}"
+            moved or f"{key}.{name}={value!r} is not a setting. Fix: one of {', '.join(fields)}"
         )
     return cls(**values)
 
@@ -140,17 +313,113 @@ def build(node: Any, **kwargs: Any) -> Any:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks before anything is built: keys that moved, the run length, the ranks."""
+    """Checks before anything is built: keys that moved, the run's own keys, the sampling temperature, the
+    ranks, the precision, the folders the run writes, the types of what each ``_target_`` is given."""
     for old in MOVED:
         parent, _, leaf = old.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg
         if isinstance(node, DictConfig) and leaf in node:
             raise ConfigError(f"{_moved(old)} (a config file sets {old})")
-    if int(cfg.iterations) < 1:
-        raise ConfigError(f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch)")
+    _check_run_keys(cfg)
+    _check_temperature(cfg)
     _check_ranks(cfg)
     _check_precision(cfg)
     _check_master_weights(cfg)
+    _check_writable(cfg)
+    _check_target_types(cfg)  # last: it imports the targets' modules
+
+
+def _check_run_keys(cfg: DictConfig) -> None:
+    """The top-level keys, named as the user sets them (Lightning would name ``max_epochs``, the env
+    ``env.max_turns``)."""
+    check_type("seed", cfg.seed, int, 0)
+    check_type("iterations", cfg.iterations, int, 2)
+    if cfg.iterations < 1:
+        raise ConfigError(
+            f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch). Fix: iterations=2"
+        )
+    cap = cfg.get("max_turns_cap")
+    check_type("max_turns_cap", cap, int | None, 3)
+    if cap is not None and cap < 1:
+        raise ConfigError(
+            f"max_turns_cap={cap} must be ≥ 1 turn, or null for each env's own turn limit. "
+            "Fix: max_turns_cap=3, or max_turns_cap=null"
+        )
+
+
+#: keys of a ``_target_`` node that are Hydra's, not the target's
+_HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+_INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
+
+
+def _check_target_types(cfg: DictConfig) -> None:
+    """The arguments that a config node hands one of ragen2's own ``_target_`` callables (a filter, a
+    sampler, a callback, an estimator) against that callable's annotations, before anything is built: a
+    value that only reaches its target through an interpolation is named where it is set
+    (``module.temperature: ${rollout.temperature}`` -> ``rollout.temperature``)."""
+    for path, node in _target_nodes(cfg, ""):
+        hints, defaults = _parameters(str(node._target_))
+        for name in node:
+            if name in _HYDRA_KEYS or name not in hints:
+                continue
+            raw = node._get_node(name)._value()
+            source = _INTERPOLATION.fullmatch(raw) if isinstance(raw, str) else None
+            value = node[name]
+            if isinstance(value, DictConfig):  # an object of its own: its node is checked where it is
+                continue
+            if not isinstance(value, str | int | float | bool | None):
+                value = OmegaConf.to_container(value, resolve=True)
+            check_type(source.group(1) if source else f"{path}{name}", value, hints[name], defaults.get(name))
+
+
+def _target_nodes(node: DictConfig, path: str) -> Iterable[tuple[str, DictConfig]]:
+    """Every node under ``node`` that names a ``_target_`` of ragen2's, with its dotted path (and a trailing
+    dot); interpolated nodes (``data.filter: ${filter}``) are visited where they are defined."""
+    if isinstance(node.get("_target_"), str) and node._target_.startswith("ragen2."):
+        yield path, node
+    for key in node:
+        child = node._get_node(key)
+        if (path == "" and key == "hydra") or child._is_interpolation():
+            continue
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            yield from _target_nodes(child, f"{path}{key}.")
+
+
+@functools.cache
+def _parameters(target: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The annotated parameters of the callable ``target`` names and their defaults (none for a target
+    whose annotations do not resolve here, which its constructor then checks alone)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+        function = obj.__init__ if isinstance(obj, type) else obj
+        hints = typing.get_type_hints(function)
+        signature = inspect.signature(obj)
+    except (ImportError, AttributeError, NameError, TypeError, ValueError):
+        return {}, {}
+    defaults = {
+        name: p.default
+        for name, p in signature.parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    return {k: v for k, v in hints.items() if k != "return"}, defaults
+
+
+def _check_temperature(cfg: DictConfig) -> None:
+    """Greedy rollouts (temperature 0) make every group's K rollouts one and the same episode: no group has
+    reward variance, so the filter keeps nothing and group-relative advantages are all 0."""
+    temperature = cfg.rollout.temperature
+    check_type("rollout.temperature", temperature, float, 1.0)
+    if temperature == 0:
+        raise ConfigError(
+            f"rollout.temperature=0 samples greedily: the rollout.group_size={cfg.rollout.group_size} rollouts "
+            "of a group are one and the same episode, no group has reward variance, so the filter keeps none "
+            "and group-relative advantages are 0 (nothing trains). Fix: rollout.temperature=1.0 (greedy "
+            "success is measured by validation and ragen2-eval)"
+        )
 
 
 #: Lightning precisions that cast every float tensor of the batch to half precision
@@ -177,7 +446,8 @@ _SIGNIFICANT_BITS = {"bfloat16": 8, "float16": 11}
 def _check_master_weights(cfg: DictConfig) -> None:
     """Half-precision weights are what the optimizer steps: a step below half a unit in the last place of a
     weight is rounded away. At lr 1e-6 (the paper's) bf16 loses the step of every weight above 5e-4."""
-    dtype, lr = str(cfg.model.get("dtype", "float32")), float(cfg.algo.optim.lr)
+    dtype, lr = str(cfg.model.get("dtype", "float32")), cfg.algo.optim.lr
+    check_type("algo.optim.lr", lr, float, 1e-6)
     if dtype not in _SIGNIFICANT_BITS:
         return
     # half a unit in the last place of |w| ∈ [2^e, 2^(e+1)) is 2^(e-bits): above 2·lr·2^bits, lr rounds to 0
@@ -219,7 +489,8 @@ def _check_ranks(cfg: DictConfig) -> None:
             "ranks train only with the strategies that share one SNR filter and equal optimizer steps. "
             "Fix: trainer=ddp or trainer=fsdp (then trainer.devices=N)"
         )
-    groups = int(cfg.rollout.groups)
+    groups = cfg.rollout.groups
+    check_type("rollout.groups", groups, int, 4)
     if groups % world:
         raise ConfigError(
             f"rollout.groups={groups} does not divide among {world} ranks (trainer.devices × num_nodes): "
@@ -231,6 +502,39 @@ def _check_ranks(cfg: DictConfig) -> None:
             "prompt, a number that differs between ranks, and every pass of a sharded model is a collective. "
             "Fix: algo.share_prompt_prefix=false, or trainer=ddp"
         )
+
+
+def _check_writable(cfg: DictConfig) -> None:
+    """The run folder and the checkpoint folder must be creatable and writable now, not when iteration 0
+    ends. Nothing is created here: the nearest folder that exists is tried with a temporary file."""
+    from ragen2.resume import checkpoint_dir  # resume imports this module
+
+    folders = [("run_dir", str(cfg.run_dir))]
+    if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
+        folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
+    for key, folder in folders:
+        if "://" in folder:  # a remote store (fsspec): Lightning's to reach
+            continue
+        problem = _unwritable(Path(folder).expanduser().absolute())
+        if problem:
+            raise ConfigError(
+                f"{key}={folder} cannot be written: {problem}. Fix: {key}=<a writable folder>"
+                + (", or hydra.run.dir=<a writable folder>" if key == "run_dir" else "")
+            )
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why ``folder`` could not be created and written, or None."""
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            return None
+    except OSError as err:
+        return f"{existing} does not take new files ({err.strerror})"
 
 
 def with_saved_settings(

@@ -1,7 +1,7 @@
 """ragen2-eval: success rate and pass@k of a checkpoint or HF model on held-out seeds, greedy and sampled.
 
-ragen2-eval checkpoint=outputs/<run>/checkpoints/last.ckpt num_seeds=64 samples=8
-ragen2-eval model.name_or_path=builtin env=frozenlake
+    ragen2-eval checkpoint=outputs/<run>/checkpoints/last.ckpt num_seeds=64 samples=8
+    ragen2-eval model.name_or_path=builtin env=frozenlake
 
 With ``checkpoint=``, the env, model and rollout settings are the ones the run trained with (saved in the
 checkpoint: the turn limit, the token limit, the temperature, …); the command line still overrides any of
@@ -19,7 +19,7 @@ from collections.abc import Sequence  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import CONF_DIR, command_line  # noqa: E402
+from ragen2.config import CONF_DIR, command_line, one_line_errors  # noqa: E402
 from ragen2.log import log  # noqa: E402
 
 
@@ -28,13 +28,15 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     import json
     from pathlib import Path
 
+    from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
+
+    state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None  # a bad file fails before the imports
+
     from ragen2.config import build, settings, with_saved_settings
     from ragen2.data.evaluation import evaluate, heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
-    from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
     from ragen2.models.loading import ModelConfig, load_tokenizer
 
-    state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     if state is not None:
         cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
     env = settings(EnvConfig, OmegaConf.to_container(cfg.env, resolve=True), "env")
@@ -61,6 +63,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
+@one_line_errors("ragen2-eval")
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

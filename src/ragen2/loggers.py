@@ -11,7 +11,8 @@ first step a (re)started logger writes is where the run resumed; history at or a
   first step with a ``SessionLog.START`` event, TensorBoard's own restart marker (the event
   ``SummaryWriter(purge_step=…)`` writes), which hides older events at or after that step.
 - ``wandb_logger``: Lightning's WandbLogger with a run id derived from the run folder (Lightning already
-  passes ``resume="allow"``), so every attempt of a run continues one wandb run; offline, each attempt
+  passes ``resume="allow"``), so every attempt of a run continues one wandb run, and with
+  ``offline=False`` online whatever ``WANDB_MODE`` the process holds; offline, each attempt
   writes its own ``offline-run-<time>-<id>`` folder and ``wandb sync`` appends them to that one run.
   A row the interrupted attempt logged after its last checkpoint stays in its file (wandb cannot
   rewind offline); plotted against ``trainer/global_step`` that iteration shows twice.
@@ -132,9 +133,15 @@ def wandb_run_id(run_dir: str | os.PathLike[str]) -> str:
     return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
-def wandb_logger(save_dir: str, id: str | None = None, **kwargs: Any) -> WandbLogger:
-    """Lightning's WandbLogger whose run id is ``wandb_run_id(save_dir)`` unless ``id`` is given."""
-    logger = WandbLogger(save_dir=save_dir, id=id or wandb_run_id(save_dir), **kwargs)
+def wandb_logger(save_dir: str, id: str | None = None, offline: bool = False, **kwargs: Any) -> WandbLogger:
+    """Lightning's WandbLogger whose run id is ``wandb_run_id(save_dir)`` unless ``id`` is given.
+
+    ``offline=False`` streams: wandb is told ``mode="online"``, which beats a ``WANDB_MODE`` in the
+    environment (Lightning itself sets ``WANDB_MODE=dryrun`` for an offline logger, for the whole process).
+    ``mode`` in ``kwargs`` (``+logger.wandb.mode=disabled``) still decides."""
+    if not offline:
+        kwargs.setdefault("mode", "online")
+    logger = WandbLogger(save_dir=save_dir, id=id or wandb_run_id(save_dir), offline=offline, **kwargs)
     _LIVE.add(logger)
     return logger
 

@@ -9,9 +9,8 @@ set_defaults()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from ragen2.config import CONF_DIR, build, check_batch, command_line, validate  # noqa: E402
+from ragen2.config import CONF_DIR, build, check_batch, command_line, one_line_errors, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
-from ragen2.loggers import finish as finish_loggers  # noqa: E402
 from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
 
 
@@ -19,10 +18,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """Train with a composed config; returns the last iteration's metrics."""
     import gc
 
+    validate(cfg)  # before anything is built or imported; then each object checks its node, check_batch both
+
     import lightning as L
 
+    from ragen2.loggers import finish as finish_loggers  # Lightning: not imported for --help, --version
+
     quiet_lightning()
-    validate(cfg)  # before anything is built; then each object checks its own node, and check_batch both
     ckpt_path = run_ckpt_path(cfg)  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/resume.py)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data)
@@ -32,7 +34,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=requeue_plugins())
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    # weights-only whatever the strategy: FSDP's ModelParallelStrategy loads with torch.load itself
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     finish_loggers(loggers)
     if trainer.is_global_zero:
         log.info("run folder: %s", cfg.run_dir)
@@ -45,6 +48,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+@one_line_errors("ragen2-train")
 def _main(cfg: DictConfig) -> None:
     run(cfg)
 

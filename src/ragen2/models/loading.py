@@ -11,6 +11,11 @@
 
 Both are built under a file lock and published by an atomic rename, so parallel tests and SLURM arrays
 that race to build them never see half a folder.
+
+Hub downloads are off by default (``ragen2._env``: ``HF_HUB_OFFLINE=1``): a hub name loads from the local
+Hugging Face cache. ``ModelConfig`` checks at start-up, before anything loads, that the model can load
+here: a folder holds ``config.json``, a hub name is cached (or downloads are on: ``HF_HUB_OFFLINE=0``), and
+a ``conf/model/qwen2.5_*`` name under ``RAGEN2_MODELS=<folder>`` finds its copy in that folder.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+
+from ragen2.config import ConfigError
 
 BUILTIN = "builtin"
 TINY = "tiny"
@@ -138,6 +145,47 @@ def _check_dtype(dtype: str) -> None:
         raise ValueError(f"model.dtype={dtype!r} is not supported. Fix: one of {', '.join(sorted(_DTYPES))}")
 
 
+def check_source(name_or_path: str) -> None:
+    """Refuse a ``model.name_or_path`` that cannot load here, before anything loads: a missing folder, a
+    folder without ``config.json``, a hub name outside the local cache while hub downloads are off."""
+    if name_or_path in (BUILTIN, TINY):
+        return
+    key = f"model.name_or_path={name_or_path!r}"
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"{key} is a folder without config.json, not an HF model folder. Fix: the folder "
+                "save_pretrained wrote (config.json, weights, tokenizer files), or builtin / tiny"
+            )
+        return
+    models = os.environ.get("RAGEN2_MODELS")
+    if models and path.parent == Path(models).expanduser():
+        raise ConfigError(
+            f"{key}: RAGEN2_MODELS={models} holds no {path.name} folder. Fix: put the model there "
+            f"(hf download Qwen/{path.name} --local-dir {path}), set RAGEN2_MODELS to the folder that holds "
+            "it, or unset RAGEN2_MODELS to load it by hub name"
+        )
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        raise ConfigError(
+            f"{key} is no folder (nothing there) and no hub name. Fix: a local HF model folder, a hub name "
+            "such as Qwen/Qwen2.5-0.5B-Instruct, or builtin / tiny"
+        ) from None
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+        raise ConfigError(
+            f"{key} is no local folder, and as a hub name it is not in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); hub downloads are off (HF_HUB_OFFLINE=1, ragen2's default). Fix: "
+            "HF_HUB_OFFLINE=0 to download it, RAGEN2_MODELS=<folder holding a copy> (model=qwen2.5_*), or "
+            "model.name_or_path=<local folder>"
+        )
+
+
 def load_model(name_or_path: str, dtype: str = "float32"):  # -> PreTrainedModel
     from transformers import AutoModelForCausalLM
 
@@ -158,6 +206,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype)
+        check_source(self.name_or_path)
 
     def load(self):  # -> PreTrainedModel
         model = load_model(self.name_or_path, self.dtype)

@@ -1,0 +1,78 @@
+"""The console scripts themselves: --help, --version, and a config error as one line (a single run and a grid)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+PROGRAMS = ["ragen2-train", "ragen2-eval", "ragen2-diagnose", "ragen2-export", "ragen2-aggregate"]
+
+
+def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, capture_output=True, text=True, cwd=cwd, env={**os.environ, **env}, timeout=300
+    )
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_version_is_ragen2s(program: str, tmp_path: Path) -> None:
+    done = _run([str(BIN / program), "--version"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{program} (ragen2) {importlib.metadata.version('ragen2')}"
+
+
+def test_train_help_says_what_it_does_with_examples(tmp_path: Path) -> None:
+    done = _run([str(BIN / "ragen2-train"), "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith("ragen2-train: reinforcement learning of a multi-turn LLM agent")
+    assert "Hydra" not in text.splitlines()[0]  # not Hydra's "train is powered by Hydra."
+    # the groups and their options, as the config tree holds them
+    assert "\nenv: bandit, countdown, deepcoder, frozenlake," in text
+    assert "\nalgo: dapo, drgrpo, grpo, gspo, ppo," in text
+    assert "  ragen2-train env=sokoban algo=ppo filter=none seed=1" in text
+    assert "  ragen2-train --multirun seed=0,1,2 filter=top_p,none" in text
+    assert "Run folder: outputs/<date>/<time>/" in text
+    assert "ragen2-train --cfg job" in text and "--hydra-help" in text
+    assert "\nseed: 0\n" not in text  # the full config dump stays behind --cfg job
+    assert len(text.splitlines()) < 50
+
+
+def test_a_config_error_is_one_line_unless_hydra_full_error(tmp_path: Path) -> None:
+    args = [str(BIN / "ragen2-train"), "rollout.groups=abc", f"hydra.run.dir={tmp_path / 'run'}"]
+    done = _run(args, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "ragen2-train: rollout.groups='abc' is text, not an integer. Fix: rollout.groups=4"
+    ]
+    full = _run(args, tmp_path, HYDRA_FULL_ERROR="1")
+    assert full.returncode == 1
+    assert "Traceback (most recent call last)" in full.stderr
+    assert full.stderr.rstrip().endswith(
+        "ragen2.config.ConfigError: rollout.groups='abc' is text, not an integer. Fix: rollout.groups=4"
+    )
+
+
+def test_a_failed_job_of_a_grid_leaves_the_others_running(tmp_path: Path) -> None:
+    sweep = tmp_path / "grid"
+    done = _run(
+        [str(BIN / "ragen2-train"), "--multirun", "rollout.groups=abc,2.5", f"hydra.sweep.dir={sweep}"],
+        tmp_path,
+    )
+    assert done.returncode == 1
+    out = done.stdout + done.stderr
+    first = "rollout.groups='abc' is text, not an integer. Fix: rollout.groups=4"
+    second = "rollout.groups=2.5 is a float, not an integer. Fix: rollout.groups=2 or rollout.groups=3"
+    # each job's error as it fails, also in its own log; job 1 ran after job 0 failed
+    assert f"[ragen2] ERROR: job 0 (rollout.groups=abc) failed: {first}" in out
+    assert f"[ragen2] ERROR: job 1 (rollout.groups=2.5) failed: {second}" in out
+    assert second in (sweep / "1" / "train.log").read_text()
+    # then Hydra raises the first failure, its message alone
+    assert first in done.stderr.splitlines()
+    assert "Traceback" not in out
