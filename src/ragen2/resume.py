@@ -1,16 +1,25 @@
 """Which checkpoint a run starts from (``ckpt_path``), and who requeues a SLURM job.
 
-``ckpt_path`` takes four kinds of value, resolved once at start-up, before any model loads:
+``ckpt_path`` takes these values, resolved once at start-up, before any model loads:
 
 - ``auto`` (the default): inside a job that can be restarted, that is a SLURM job or a job of the
   submitit launchers (``SLURM_JOB_ID`` or ``SUBMITIT_EXECUTOR`` set), the run folder's newest
-  ``checkpoints/last*.ckpt`` when there is one, else a fresh start. A requeued job re-runs the same
-  Hydra job in the same run folder, so it continues from the last finished iteration. Anywhere else,
-  a fresh start: a local ``ragen2-train`` never picks up a checkpoint it was not given.
+  ``checkpoints/last*.ckpt`` that loads, else a fresh start. A requeued job re-runs the same Hydra job in
+  the same run folder, so it continues from the last finished iteration. Anywhere else, a fresh start: a
+  local ``ragen2-train`` never picks up a checkpoint it was not given.
+- ``last``: the same newest loadable ``last*.ckpt``, anywhere (fresh, with a warning, when there is none).
 - ``null``: a fresh start, everywhere.
-- ``last`` / ``hpc``: Lightning's own (the newest ``last*.ckpt`` of the checkpoint callbacks, fresh with
-  a warning when none; Lightning's SLURM checkpoint).
-- a path: that checkpoint; a local file that does not exist is a ``ConfigError`` at start-up.
+- ``hpc``: Lightning's SLURM checkpoint (``hpc_ckpt_<n>.ckpt``), found and loaded by Lightning.
+- a local path: that checkpoint; a file that does not exist or does not load is a ``ConfigError``.
+  Remote paths (``s3://``, ``https://``, …) are refused: copy the file to local disk first.
+
+"Loads" means ``torch.load(weights_only=True, mmap=True)`` reads it (milliseconds for a multi-GB file: the
+tensors are mapped, not read) and it holds a ``state_dict``. ``LastCheckpoint`` keeps the save before
+``last.ckpt`` as ``last.1.ckpt`` (``callbacks.checkpoint.keep``): when the newest file is truncated or
+garbage, ``auto``/``last`` warn, naming both files, and resume from the older one; when no file loads
+they stop with an error rather than start afresh over the run's history. The training resume itself is
+weights-only too (``ragen2.train`` passes ``weights_only=True``; under ``LastCheckpoint`` every load goes
+through ``ragen2.models.checkpoint.read_checkpoint``): a checkpoint can hold no code that runs on load.
 
 Requeueing belongs to submitit (``conf/hydra/launcher/slurm.yaml``, ``slurm/README.md``): its USR2
 handler calls the launcher's ``checkpoint()``, which resubmits the same Hydra job, then requeues.
@@ -18,12 +27,14 @@ handler calls the launcher's ``checkpoint()``, which resubmits the same Hydra jo
 (``scontrol requeue`` kills every process of the job at once, wandb's service among them).
 It also hands Lightning a ``SLURMEnvironment(auto_requeue=False)`` so that Lightning's own
 USR1 handler (save ``hpc_ckpt_*.ckpt`` from inside a signal handler, ``scontrol requeue``) is never
-installed and a job is never requeued twice.
+installed and a job is never requeued twice. A SIGTERM (``scancel``, a preemption without USR2) is
+``LastCheckpoint``'s: it saves the iteration in progress at its end and exits with status 143.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from collections.abc import Mapping
@@ -37,7 +48,8 @@ from ragen2.config import ConfigError
 from ragen2.log import log
 
 AUTO = "auto"
-LIGHTNING_VALUES = ("last", "hpc")  # passed on to Lightning as they are
+LAST = "last"
+HPC = "hpc"  # passed on to Lightning as it is
 
 
 def restartable_job(environ: Mapping[str, str] = os.environ) -> bool:
@@ -45,11 +57,45 @@ def restartable_job(environ: Mapping[str, str] = os.environ) -> bool:
     return bool(environ.get("SLURM_JOB_ID") or environ.get("SUBMITIT_EXECUTOR"))
 
 
-def last_checkpoint(folder: str | Path) -> Path | None:
-    """The newest ``last*.ckpt`` in ``folder`` (``last.ckpt``, or Lightning's ``last-v1.ckpt`` when a fresh
-    run was started in a folder that already held one), or None."""
-    candidates = [p for p in Path(folder).glob("last*.ckpt") if p.is_file()]
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+def rotated(path: Path, n: int) -> Path:
+    """The ``n``-th save before ``path``, kept beside it (``last.ckpt`` → ``last.1.ckpt``); ``path`` for 0."""
+    return path if n == 0 else path.with_name(f"{path.stem}.{n}{path.suffix}")
+
+
+def _age(path: Path) -> int:
+    match = re.fullmatch(r".+\.(\d+)\.ckpt", path.name)
+    return int(match.group(1)) if match else 0
+
+
+def last_checkpoints(folder: str | Path) -> list[Path]:
+    """The ``last*.ckpt`` files in ``folder``, newest first: ``last.ckpt`` and the saves kept before it
+    (``last.1.ckpt``, …), and Lightning's ``last-v1.ckpt`` when a fresh run was started in a folder that
+    already held one. Equal times go to the newer name (``last.ckpt`` before ``last.1.ckpt``)."""
+    found = [p for p in Path(folder).glob("last*.ckpt") if p.is_file()]
+    return sorted(found, key=lambda p: (-p.stat().st_mtime_ns, _age(p)))
+
+
+def last_checkpoint(folder: str | Path, key: str = f"ckpt_path={AUTO}") -> Path | None:
+    """The newest ``last*.ckpt`` in ``folder`` that loads (weights-only), with a warning naming the newer
+    files passed over; None when there is no such file at all; a ``ConfigError`` when none of them loads."""
+    from ragen2.models.checkpoint import CheckpointError, read_checkpoint
+
+    unreadable: list[str] = []
+    for path in last_checkpoints(folder):
+        try:
+            read_checkpoint(path, key=key)
+        except CheckpointError as err:
+            unreadable.append(str(err).split(". Fix:")[0])
+            continue
+        if unreadable:
+            log.warning("%s; resuming from the older %s instead", "; ".join(unreadable), path)
+        return path
+    if unreadable:
+        raise ConfigError(
+            f"{'; '.join(unreadable)}: no checkpoint in {folder} loads. Fix: ckpt_path=<an intact checkpoint>, "
+            "or ckpt_path=null to start afresh"
+        )
+    return None
 
 
 def checkpoint_dir(cfg: DictConfig) -> Path:
@@ -67,6 +113,11 @@ def resolve_ckpt_path(
     if value is None:
         return None
     value = str(value)
+    if "://" in value:
+        raise ConfigError(
+            f"ckpt_path={value}: remote checkpoints are not loaded (a checkpoint is verified and loaded "
+            "weights-only from a local file). Fix: copy it to local disk and pass that path"
+        )
     if value == AUTO:
         if not restartable_job(environ):
             return None
@@ -79,14 +130,23 @@ def resolve_ckpt_path(
             return None
         log.info("ckpt_path=auto: resuming from %s%s", found, restart)
         return str(found)
-    if value in LIGHTNING_VALUES or "://" in value:  # remote paths are Lightning's (fsspec) to check
+    if value == LAST:
+        found = last_checkpoint(checkpoints, f"ckpt_path={LAST}")
+        if found is None:
+            log.warning("ckpt_path=last: no checkpoint in %s, starting fresh", checkpoints)
+            return None
+        return str(found)
+    if value == HPC:
         return value
     if not Path(value).is_file():
         raise ConfigError(
             f"ckpt_path={value}: no such checkpoint file. Fix: give an existing last.ckpt "
             f"(outputs/<run>/checkpoints/last.ckpt), ckpt_path={AUTO} (resume a requeued SLURM job from its "
-            "own run folder), ckpt_path=last, or ckpt_path=null for a fresh start"
+            f"own run folder), ckpt_path={LAST}, or ckpt_path=null for a fresh start"
         )
+    from ragen2.models.checkpoint import read_checkpoint
+
+    read_checkpoint(value, key="ckpt_path")  # a file that does not load fails here, in one line
     return value
 
 

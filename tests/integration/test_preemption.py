@@ -1,8 +1,12 @@
-"""SLURM preemption on a real local cluster: USR2 mid-run → submitit requeues → the job resumes from last.ckpt.
+"""SLURM preemption on a real local cluster.
 
-The same signal SLURM sends ``--signal=USR2@signal_delay_s`` before a job's time limit (and that submitit's own
-``job._interrupt()`` sends to simulate one). The requeued job re-runs the same Hydra job in the same run folder
-with ``ckpt_path=auto``; every logger continues its history there.
+- USR2 mid-run → submitit requeues → the job resumes from last.ckpt. The same signal SLURM sends
+  ``--signal=USR2@signal_delay_s`` before a job's time limit (and that submitit's own ``job._interrupt()`` sends
+  to simulate one). The requeued job re-runs the same Hydra job in the same run folder with ``ckpt_path=auto``;
+  every logger continues its history there.
+- ``scancel`` (SIGTERM, then SIGKILL after SLURM's KillWait, 30 s by default) mid-run → the iteration in
+  progress finishes, is saved (though not a due save) and the job ends before the SIGKILL; a later run given
+  that checkpoint continues from the next iteration.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from integration.test_slurm import slurm_cluster  # noqa: F401  (the fixture: a one-node cluster)
+from ragen2.config import compose
 from ragen2.loggers import wandb_run_id
+from ragen2.models.checkpoint import read_checkpoint
+from ragen2.train import run
 
 ITERATIONS = 3
 
@@ -119,7 +125,7 @@ def test_usr2_requeues_and_the_run_resumes_with_its_history(
 
     # every iteration exactly once in metrics.csv, and the run ended at the right iteration
     assert _iterations(run_dir / "csv" / "metrics.csv") == list(range(ITERATIONS))
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == ITERATIONS - 1
+    assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == ITERATIONS - 1
 
     # TensorBoard: one value per step (the restart marker hides anything the first attempt logged after)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -146,3 +152,73 @@ def test_usr2_requeues_and_the_run_resumes_with_its_history(
                     logged.append(int(float(row["train/iteration"])))
     assert run_ids == {wandb_run_id(run_dir)}
     assert logged == list(range(ITERATIONS))
+
+
+def _job_state(job_id: str, env: dict[str, str]) -> str:
+    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.slow
+def test_scancel_saves_the_iteration_in_progress_and_a_later_run_continues_from_it(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    iterations, task = (
+        5,
+        ["model=tiny", "rollout=scripted", "trainer.limit_val_batches=0", "~callbacks.curves"],
+    )
+    task += ["callbacks.checkpoint.every_n_iterations=3"]  # due: iteration 2 and the last; 1 is not
+    sweep_dir = tmp_path / "sweep"
+    run_dir = sweep_dir / "0"
+    command = [
+        sys.executable,
+        "-m",
+        "ragen2.train",
+        "--multirun",
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.cpus_per_task=2",
+        "hydra.launcher.mem_gb=4",
+        "hydra.launcher.gpus_per_node=null",
+        f"hydra.sweep.dir={sweep_dir}",
+        *task,
+        f"iterations={iterations}",
+    ]
+    launcher = subprocess.Popen(
+        command, cwd=tmp_path, env=slurm_cluster, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    metrics = run_dir / "csv" / "metrics.csv"
+    try:
+        deadline = time.monotonic() + 180
+        while not _iterations(metrics):  # iteration 0 is logged: iteration 1 is under way
+            assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, _job_log(sweep_dir)[-3000:]
+            time.sleep(0.2)
+        (job_dir,) = [p for p in (sweep_dir / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name)]
+        logged_before = _iterations(metrics)[-1]
+        sent = time.monotonic()
+        subprocess.run(["scancel", job_dir.name], env=slurm_cluster, check=True, timeout=30)
+        while _job_state(job_dir.name, slurm_cluster) in ("RUNNING", "COMPLETING"):
+            assert time.monotonic() - sent < 120, _job_log(sweep_dir)[-3000:]
+            time.sleep(0.2)
+        ended = time.monotonic() - sent
+    finally:
+        launcher.kill()  # it waits on the job's result, which a cancelled job never writes
+        launcher.communicate()
+    log = _job_log(sweep_dir)
+    stopped = _iterations(metrics)[-1]
+    # the iteration under way when SIGTERM came was finished, logged and saved; then the job ended by itself,
+    # before SLURM's SIGKILL (KillWait, 30 s after the SIGTERM)
+    assert stopped in (logged_before + 1, logged_before + 2) and stopped < iterations - 1, log[-3000:]
+    assert _iterations(metrics) == list(range(stopped + 1))
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert f"SIGTERM: iteration {stopped} saved to {ckpt}; stopping with exit status 143" in log, log[-3000:]
+    assert ended < 30, (ended, log[-3000:])
+    state = read_checkpoint(ckpt)
+    assert state["epoch"] == stopped and any(k.startswith("policy.") for k in state["state_dict"])
+
+    # a later run given that checkpoint goes on from the next iteration, in the same run folder
+    run(compose([*task, f"iterations={iterations}", f"ckpt_path={ckpt}"], run_dir=str(run_dir)))
+    assert _iterations(metrics) == list(range(iterations))
+    assert read_checkpoint(ckpt)["epoch"] == iterations - 1

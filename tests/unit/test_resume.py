@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from ragen2.config import ConfigError, compose
 from ragen2.loggers import CSVLogger, TensorBoardLogger, rows_before, wandb_run_id
@@ -17,9 +18,10 @@ SLURM_JOB = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}
 SUBMITIT_LOCAL_JOB = {"SUBMITIT_EXECUTOR": "local"}
 
 
-def _touch(path: Path, mtime: float) -> Path:
+def _touch(path: Path, mtime: float, epoch: int = 0) -> Path:
+    """A small checkpoint as Lightning lays one out (the loader checks that it loads)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"ckpt")
+    torch.save({"epoch": epoch, "state_dict": {"policy.w": torch.full((2,), float(epoch))}}, path)
     os.utime(path, (mtime, mtime))
     return path
 
@@ -47,10 +49,75 @@ def test_auto_takes_the_newest_last_checkpoint(tmp_path: Path) -> None:
 def test_explicit_values(tmp_path: Path) -> None:
     ckpt = _touch(tmp_path / "some.ckpt", time.time())
     assert resolve_ckpt_path(str(ckpt), tmp_path, {}) == str(ckpt)
-    assert resolve_ckpt_path("last", tmp_path, {}) == "last"  # Lightning's own, resolved by Lightning
-    assert resolve_ckpt_path("s3://bucket/last.ckpt", tmp_path, {}) == "s3://bucket/last.ckpt"
+    assert resolve_ckpt_path("hpc", tmp_path, {}) == "hpc"  # Lightning's own, resolved by Lightning
     with pytest.raises(ConfigError, match=r"ckpt_path=.*missing\.ckpt: no such checkpoint file\. Fix:"):
         resolve_ckpt_path(str(tmp_path / "missing.ckpt"), tmp_path, SLURM_JOB)
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/last.ckpt", "https://example.org/last.ckpt"])
+def test_remote_checkpoints_are_refused(url: str, tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"^ckpt_path={url}: remote checkpoints are not loaded .* Fix: copy"
+    ):
+        resolve_ckpt_path(url, tmp_path, {})
+
+
+def test_last_takes_the_newest_loadable_checkpoint_anywhere(tmp_path: Path) -> None:
+    assert resolve_ckpt_path("last", tmp_path, {}) is None  # none yet: a fresh start, as Lightning does
+    now = time.time()
+    older = _touch(tmp_path / "last.1.ckpt", now - 10)
+    last = _touch(tmp_path / "last.ckpt", now)
+    assert resolve_ckpt_path("last", tmp_path, {}) == str(last)  # outside a job too
+    last.write_bytes(b"")
+    assert resolve_ckpt_path("last", tmp_path, {}) == str(older)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_auto_falls_back_to_the_save_before_when_the_newest_does_not_load(
+    damage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = time.time()
+    older = _touch(tmp_path / "last.1.ckpt", now - 10, epoch=3)
+    newest = _touch(tmp_path / "last.ckpt", now, epoch=4)
+    data = newest.read_bytes()
+    newest.write_bytes(
+        {"truncated": data[: len(data) // 2], "garbage": os.urandom(4096), "empty": b""}[damage]
+    )
+    os.utime(newest, (now, now))
+    assert resolve_ckpt_path("auto", tmp_path, SLURM_JOB) == str(older)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert str(newest) in warning and f"resuming from the older {older} instead" in warning
+    assert "\n" not in warning
+
+
+def test_auto_stops_when_no_checkpoint_loads(tmp_path: Path) -> None:
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    (tmp_path / "last.1.ckpt").write_bytes(b"PK\x03\x04 not really")
+    with pytest.raises(
+        ConfigError, match=r"no checkpoint in .* loads\. Fix: ckpt_path=<an intact checkpoint>"
+    ):
+        resolve_ckpt_path("auto", tmp_path, SLURM_JOB)
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"", r"is empty \(0 bytes\)"),
+        (b"\x80\x04garbage" * 100, r"is not a torch\.save checkpoint"),
+        (None, r"is truncated or corrupt \(PytorchStreamReader failed reading zip archive"),
+    ],
+)
+def test_a_ckpt_path_that_does_not_load_is_one_line_naming_it_and_the_fix(
+    content: bytes | None, says: str, tmp_path: Path
+) -> None:
+    ckpt = _touch(tmp_path / "given.ckpt", time.time())
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2] if content is None else content)
+    with pytest.raises(
+        ConfigError, match=rf"^ckpt_path={ckpt} {says}.*\. Fix: pass an intact checkpoint"
+    ) as err:
+        resolve_ckpt_path(str(ckpt), tmp_path, {})
+    assert "\n" not in str(err.value)
 
 
 def test_composed_config_resumes_from_its_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

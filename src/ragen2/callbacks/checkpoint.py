@@ -1,30 +1,249 @@
-"""last.ckpt after every iteration: what a requeued SLURM job or ``ckpt_path=last`` resumes from."""
+"""last.ckpt after every iteration, written so that no kill or crash leaves a run without a checkpoint that loads.
+
+- **Durable writes.** While ``LastCheckpoint`` is on, the trainer saves through ``DurableCheckpointIO``:
+  the file is written beside its destination (``.last.ckpt.<pid>.tmp``), flushed and fsynced; the previous
+  save becomes ``last.1.ckpt`` (``keep=2``; ``keep=3`` adds ``last.2.ckpt``, …); the new file is renamed into
+  place (``os.replace``, atomic within a folder) and the folder fsynced. A kill at any moment leaves the
+  previous files whole, a half-written temporary file that nothing reads (the next save removes it), or, in
+  the instant between the two renames, ``last.1.ckpt`` alone. Lightning's own save staged the file in
+  ``$TMPDIR`` and, where that is another filesystem (a node-local /tmp, a shared run folder), copied it over
+  ``last.ckpt``: a kill mid-copy left it truncated. ``ckpt_path=auto``/``last`` (``ragen2.resume``) take the
+  newest ``last*.ckpt`` that loads.
+- **Finite weights only.** Before each save every trained parameter is checked (under FSDP2 each rank
+  checks its own shard), with one all-reduce: non-finite weights raise ``NonFiniteWeightsError`` on every
+  rank instead of replacing the last finite checkpoint.
+- **SIGTERM** (``scancel``, a preemption without submitit's USR2): the signal only sets a flag; the
+  iteration in progress runs to its end, is saved (due or not), the loggers write out what they hold, and
+  the process exits with status 143 (128 + SIGTERM), so that neither submitit nor a shell takes the run for
+  finished. The ranks agree on stopping with one all-reduce per iteration. A signal that arrives before the
+  first iteration's update is Lightning's to handle (its handler is in place until training starts).
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
 import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.distributed.tensor import DTensor
+
+from ragen2.config import ConfigError
+from ragen2.distributed import Ranks
+from ragen2.log import log
+from ragen2.resume import rotated
+
+STOPPED_BY_SIGTERM = 128 + signal.SIGTERM  # the shell's status for a process ended by SIGTERM
+
+
+class NonFiniteWeightsError(RuntimeError):
+    """A trained parameter holds NaN or ±inf at a save: the checkpoint on disk is kept, the run stops."""
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable (a rename lives in the folder's entry, not in the file)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _loads(path: Path) -> bool:
+    from ragen2.models.checkpoint import CheckpointError, read_checkpoint
+
+    try:
+        read_checkpoint(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+class DurableCheckpointIO(TorchCheckpointIO):
+    """Local checkpoint files written atomically and durably, the previous ``keep - 1`` saves kept; read
+    weights-only (``ragen2.models.checkpoint.read_checkpoint``), whatever ``weights_only`` Lightning asks for."""
+
+    def __init__(self, keep: int = 2) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in target.parent.glob(f".{target.name}.*.tmp"):  # left by a process killed mid-write
+            stale.unlink(missing_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with tmp.open("wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._rotate(target)
+        os.replace(tmp, target)
+        _fsync_folder(target.parent)
+
+    def _rotate(self, target: Path) -> None:
+        """``last.ckpt`` → ``last.1.ckpt`` → … → ``last.<keep-1>.ckpt``; older ones (a larger ``keep`` before) go."""
+        pattern = re.compile(rf"{re.escape(target.stem)}\.(\d+){re.escape(target.suffix)}")
+        for old in target.parent.iterdir():
+            match = pattern.fullmatch(old.name)
+            if match and int(match.group(1)) >= self.keep:
+                old.unlink(missing_ok=True)
+        if self.keep > 1 and target.is_file() and not _loads(target):
+            # an unreadable newest file (the one a resume fell back from) must not push out a good one
+            log.warning("removing %s before saving: it cannot be loaded", target)
+            target.unlink()
+        for n in range(self.keep - 1, 0, -1):
+            newer = rotated(target, n - 1)
+            if newer.is_file():
+                os.replace(newer, rotated(target, n))
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        from ragen2.models.checkpoint import read_checkpoint
+
+        return read_checkpoint(path, key="ckpt_path", map_location=map_location)
+
+
+def nonfinite_parameters(module: torch.nn.Module) -> list[str]:
+    """The names of the trained parameters holding NaN or ±inf on this rank (under FSDP2: in this rank's
+    shard). Frozen parameters (the reference policy) are never updated, so never checked."""
+    named = [
+        (name, p.to_local() if isinstance(p, DTensor) else p)
+        for name, p in module.named_parameters()
+        if p.requires_grad
+    ]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()  # one device-to-host copy
+    return [name for (name, _), ok in zip(named, finite) if not ok]
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """Writes only ``<dirpath>/last.ckpt``, every ``every_n_iterations`` iterations.
+    """Writes only ``<dirpath>/last.ckpt`` (and keeps ``keep - 1`` previous saves), every
+    ``every_n_iterations`` iterations, after the run's last iteration and at a SIGTERM.
 
     Lightning 2.6 writes ``last`` only alongside a top-k save; keeping top-k copies of a policy with its
     optimizer state costs gigabytes, so this saves ``last`` alone. It saves even after an iteration that
     made no update (the filter kept nothing): the iteration counter and empty-batch streak moved on.
     """
 
-    def __init__(self, dirpath: str, every_n_iterations: int = 1) -> None:
+    def __init__(self, dirpath: str, every_n_iterations: int = 1, keep: int = 2) -> None:
         if every_n_iterations < 1:
             raise ValueError(f"callbacks.checkpoint.every_n_iterations={every_n_iterations} must be ≥ 1")
+        if keep < 1:
+            raise ValueError(
+                f"callbacks.checkpoint.keep={keep} must be ≥ 1 (1: last.ckpt alone; 2: also the save before, "
+                "the fallback when the newest cannot be read). Fix: callbacks.checkpoint.keep=2"
+            )
+        if "://" in str(dirpath):
+            raise ValueError(
+                f"callbacks.checkpoint.dirpath={dirpath}: checkpoints are written to a local or mounted folder, "
+                "where a save can be made atomic and durable. Fix: a local path (copy the files elsewhere later)"
+            )
         super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, save_on_train_epoch_end=True)
         self.every_n_iterations = every_n_iterations
+        self.keep = keep
+        self._sigterm = False  # set by the handler: stop at the end of this iteration
+        self._stopping = False
+        self._replaced_handler: Any = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        current = trainer.strategy.checkpoint_io
+        if type(current) is not TorchCheckpointIO and not isinstance(current, DurableCheckpointIO):
+            raise ConfigError(
+                f"trainer plugins hold a checkpoint IO of their own ({type(current).__name__}), and "
+                "callbacks.checkpoint writes through DurableCheckpointIO. Fix: drop that plugin, or "
+                "callbacks.checkpoint=null"
+            )
+        trainer.strategy.checkpoint_io = DurableCheckpointIO(self.keep)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # replaces Lightning's SIGTERM handler, which broadcasts from inside the handler and, under DDP,
+        # stops at the next batch, before the iteration's update and its save
+        self._sigterm = self._stopping = False
+        if threading.current_thread() is threading.main_thread():
+            self._replaced_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if not self._sigterm:
+            log.warning("SIGTERM: finishing this iteration, then saving it and stopping")
+        self._sigterm = True
+
+    def _restore_handler(self) -> None:
+        if self._replaced_handler is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, self._replaced_handler)
+        self._replaced_handler = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        due = (trainer.current_epoch + 1) % self.every_n_iterations == 0
-        if due and trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+        if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
+            return
+        asked = self._sigterm or trainer.received_sigterm
+        stop = bool(Ranks.current().sum(torch.tensor([int(asked)])).item())  # any rank signalled
+        iteration = trainer.current_epoch + 1
+        # the run's last iteration is always saved: the end of training, or a stop asked by another callback
+        last = trainer.should_stop or iteration == trainer.max_epochs
+        if stop or last or iteration % self.every_n_iterations == 0:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if stop:
+            self._stopping = True
+            trainer.should_stop = True
+            if trainer.is_global_zero:
+                log.warning(
+                    "SIGTERM: iteration %d saved to %s; stopping with exit status %d. Continue with "
+                    "ckpt_path=%s (or ckpt_path=auto when the job is requeued)",
+                    trainer.current_epoch,
+                    self.last_model_path,
+                    STOPPED_BY_SIGTERM,
+                    self.last_model_path,
+                )
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handler()
+        if self._stopping:
+            from ragen2.loggers import save_before_requeue
+
+            save_before_requeue()
+            raise SIGTERMException(STOPPED_BY_SIGTERM)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore_handler()
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        """Every rank: refuse non-finite weights (one all-reduce), then Lightning's save."""
+        bad = nonfinite_parameters(trainer.lightning_module)
+        ranks = Ranks.current()
+        if int(ranks.sum(torch.tensor([len(bad)])).item()):
+            named = [
+                f"{name} (rank {rank})" for rank, names in enumerate(ranks.gather(bad[:3])) for name in names
+            ]
+            raise NonFiniteWeightsError(
+                f"iteration {trainer.current_epoch}: trained parameters hold NaN or inf ({', '.join(named[:3])}); "
+                f"{filepath} was not written, the checkpoints already in {self.dirpath} keep the last finite "
+                "weights. Fix: resume from one of them (ckpt_path=<file>) with a smaller algo.optim.lr or "
+                "algo.optim.grad_clip"
+            )
+        super()._save_checkpoint(trainer, filepath)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Validation adds nothing to resume from; the epoch-end save covers it."""

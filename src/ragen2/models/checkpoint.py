@@ -1,26 +1,86 @@
-"""Reading a ragen2 training checkpoint without a Trainer: the policy's weights and the settings saved with it."""
+"""Reading a ragen2 training checkpoint without a Trainer: the policy's weights and the settings saved with it.
+
+Every read is weights-only (``torch.load(weights_only=True)``): a checkpoint is a pickle, and a full unpickle
+runs whatever code the file names, so a shared or downloaded ``.ckpt`` could run code. ragen2's checkpoints
+hold only tensors, numbers, strings and containers of them (``ragen2.modules.run_state``), which the
+weights-only unpickler reads without any allow-list. A file that is not such a checkpoint (empty, truncated,
+another format, or one naming other objects) is a ``CheckpointError``: one line naming the file and the fix.
+Remote paths (``s3://…``, ``https://…``) are refused: a checkpoint is read from a local file, verified first.
+"""
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ragen2.config import ConfigError
 from ragen2.log import log
 from ragen2.models.loading import load_model
 
 POLICY_PREFIX = "policy."
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save has written zip archives since torch 1.6
 
 
-def read_checkpoint(checkpoint: str) -> dict[str, Any]:
-    """The checkpoint's contents (on the CPU), with an error that says what to pass when it is missing."""
+class CheckpointError(ConfigError):
+    """A checkpoint file that cannot be used, named with the key that gave it, the file and the fix."""
+
+
+class MissingCheckpointError(CheckpointError, FileNotFoundError):
+    """The checkpoint file does not exist."""
+
+
+def _first_line(err: BaseException, marker: str = "") -> str:
+    """The line of ``err``'s message holding ``marker`` (its first line without one), as one short line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    chosen = next((line for line in lines if marker and marker in line), lines[0] if lines else "")
+    return chosen.split(". ")[0].rstrip(".") or type(err).__name__
+
+
+def read_checkpoint(
+    checkpoint: str | Path,
+    key: str = "checkpoint",
+    map_location: str | Callable[..., Any] | None = "cpu",
+    mmap: bool = True,
+) -> dict[str, Any]:
+    """The contents of a ragen2 (Lightning) checkpoint, loaded weights-only.
+
+    ``key`` names the setting the path came from, for the error message. ``mmap`` maps the tensors rather
+    than reading them: a multi-GB file opens in milliseconds and pages in only what is used."""
     path = Path(checkpoint)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"checkpoint={checkpoint!r} does not exist; pass a run's checkpoints/last.ckpt"
+    where = f"{key}: {checkpoint}" if "=" in key else f"{key}={checkpoint}"  # key may carry its value
+    if "://" in str(checkpoint):
+        raise CheckpointError(
+            f"{where}: remote checkpoints are not read (a checkpoint is verified and loaded weights-only from "
+            "a local file). Fix: copy it to local disk first and pass that path"
         )
-    return torch.load(path, map_location="cpu", weights_only=False)
+    if not path.is_file():
+        raise MissingCheckpointError(f"{where} does not exist. Fix: pass a run's checkpoints/last.ckpt")
+    size = path.stat().st_size
+    intact = "Fix: pass an intact checkpoint (checkpoints/last.1.ckpt holds the save before last.ckpt)"
+    if size == 0:
+        raise CheckpointError(f"{where} is empty (0 bytes): a save that never finished. {intact}")
+    with path.open("rb") as f:
+        if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+            raise CheckpointError(f"{where} is not a torch.save checkpoint (no zip archive header). {intact}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:  # the weights-only unpickler refused a global: code, not data
+        raise CheckpointError(
+            f"{where} names objects other than tensors and plain values ({_first_line(err, 'GLOBAL')}), "
+            "and loading it would run code; it was not loaded. Fix: use a checkpoint written by ragen2-train, "
+            "from a source you trust"
+        ) from None
+    except Exception as err:  # truncated or corrupt archives fail inside torch with many exception types
+        raise CheckpointError(f"{where} is truncated or corrupt ({_first_line(err)}). {intact}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("state_dict"), dict):
+        raise CheckpointError(
+            f"{where} holds no state_dict: not a Lightning checkpoint. Fix: pass a run's checkpoints/last.ckpt"
+        )
+    return state
 
 
 def load_policy(
@@ -31,22 +91,23 @@ def load_policy(
 ) -> Any:
     """The HF model ``name_or_path``, with the policy weights of a ragen2 ``.ckpt`` loaded on top if given
     (``state``: the checkpoint already read)."""
-    model = load_model(name_or_path, dtype)
     if checkpoint is None:
-        return model
+        return load_model(name_or_path, dtype)
     weights_all = (state if state is not None else read_checkpoint(checkpoint))["state_dict"]
     weights = {k[len(POLICY_PREFIX) :]: v for k, v in weights_all.items() if k.startswith(POLICY_PREFIX)}
     if not weights:
-        raise ValueError(
-            f"checkpoint={checkpoint!r} holds no '{POLICY_PREFIX}*' weights: not a ragen2 checkpoint"
+        raise CheckpointError(
+            f"checkpoint={checkpoint} holds no '{POLICY_PREFIX}*' weights: not a ragen2 checkpoint. Fix: pass a "
+            "checkpoint written by ragen2-train"
         )
+    model = load_model(name_or_path, dtype)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # tied embeddings appear once in the checkpoint; anything else missing means the wrong base model
     missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {}) and "lm_head" not in k]
     if missing or unexpected:
-        raise ValueError(
-            f"checkpoint={checkpoint!r} does not match model.name_or_path={name_or_path!r} "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]}); pass the model the run trained"
+        raise CheckpointError(
+            f"checkpoint={checkpoint} does not match model.name_or_path={name_or_path} "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}). Fix: pass the model the run trained"
         )
     return model
 

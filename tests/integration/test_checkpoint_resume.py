@@ -1,0 +1,42 @@
+"""The real loop resumes from the save before last.ckpt when last.ckpt itself does not load."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from ragen2.models.checkpoint import read_checkpoint
+
+
+def _rows(run_dir: Path) -> dict[int, dict[str, str]]:
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as f:
+        return {int(float(r["train/iteration"])): r for r in csv.DictReader(f) if r.get("train/iteration")}
+
+
+@pytest.mark.slow
+def test_a_truncated_last_ckpt_resumes_from_the_save_before(
+    train, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, cfg = train(["iterations=2"])
+    run_dir = Path(cfg.run_dir)
+    folder = run_dir / "checkpoints"
+    first = _rows(run_dir)
+    last = folder / "last.ckpt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 3])  # a copy cut short by a kill
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # the job, requeued: ckpt_path=auto looks in its own run folder
+    train(["iterations=3"])
+    (warning,) = [r.getMessage() for r in caplog.records if "resuming from the older" in r.getMessage()]
+    assert f"{last} is truncated or corrupt" in warning and str(folder / "last.1.ckpt") in warning
+    # resumed after iteration 0: iteration 1 again, exactly as the first run did it, then iteration 2
+    rows = _rows(run_dir)
+    assert sorted(rows) == [0, 1, 2]
+    assert rows[1]["train/loss"] == first[1]["train/loss"]
+    # the unreadable file was dropped rather than kept as the fallback
+    assert {p.name: read_checkpoint(p)["epoch"] for p in folder.iterdir()} == {
+        "last.ckpt": 2,
+        "last.1.ckpt": 1,
+    }

@@ -1,0 +1,40 @@
+"""Saves ``last.ckpt`` at every epoch until killed; launched by test_checkpoint_io.py to kill it mid-save.
+
+python tests/unit/checkpoint_writer.py <checkpoint folder> <epochs>
+"""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from ragen2.callbacks.checkpoint import LastCheckpoint
+
+WEIGHT_BYTES = 16_000_000 * 4  # the frozen float32 weights below: every checkpoint is larger than this
+
+
+class Weighty(BoringModel):
+    """Lightning's BoringModel with 64 MB more weights: a save lasts long enough to be caught in the middle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = torch.nn.Parameter(torch.randn(WEIGHT_BYTES // 4), requires_grad=False)
+
+
+if __name__ == "__main__":
+    folder, epochs = sys.argv[1], int(sys.argv[2])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=epochs,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[LastCheckpoint(dirpath=folder)],
+    )
+    trainer.fit(Weighty())
