@@ -56,7 +56,7 @@ def _frozenlake_prompts(n: int, model: str) -> list:
 
     from ragen2.config import compose
     from ragen2.data.evaluation import heldout_seeds
-    from ragen2.diagnostics.report import sample_first_turns
+    from ragen2.rollout.first_turn import sample_first_turns
 
     cfg = compose([f"model={model}", "rollout=scripted"])
     dm = instantiate(cfg.data)

@@ -1,8 +1,8 @@
 """ragen2-diagnose: the MI family of a model on an env, or of a run's saved rollouts, as a report folder.
 
-ragen2-diagnose                                                  # built-in model, FrozenLake, N = 8 × K = 4
-ragen2-diagnose model.name_or_path=<hf name or folder> env=sokoban num_seeds=16 samples=8
-ragen2-diagnose rollouts=<run>/rollouts.rank0.jsonl [checkpoint=<run>/checkpoints/last.ckpt] [iteration=3]
+    ragen2-diagnose                                                  # built-in model, FrozenLake, N = 8 × K = 4
+    ragen2-diagnose model.name_or_path=<hf name or folder> env=sokoban num_seeds=16 samples=8
+    ragen2-diagnose rollouts=<run>/rollouts.rank0.jsonl [checkpoint=<run>/checkpoints/last.ckpt] [iteration=3]
 
 First turns of N held-out instance seeds × K samples (or the first turns of one iteration of a saved-rollouts
 JSONL) are cross-scored under the model and written up by ``ragen2.diagnostics.report``: metrics.json,
@@ -21,7 +21,7 @@ from typing import Any  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import CONF_DIR, ConfigError, command_line  # noqa: E402
+from ragen2.config import CONF_DIR, ConfigError, command_line, one_line_errors  # noqa: E402
 from ragen2.log import log  # noqa: E402
 
 
@@ -65,15 +65,10 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     from ragen2.config import build, settings, with_saved_settings
     from ragen2.data.evaluation import heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
-    from ragen2.diagnostics.report import (
-        diagnose,
-        rows_from_episodes,
-        rows_from_jsonl,
-        sample_first_turns,
-        write_report,
-    )
+    from ragen2.diagnostics.report import diagnose, rows_from_episodes, rows_from_jsonl, write_report
     from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
     from ragen2.models.loading import ModelConfig, load_tokenizer
+    from ragen2.rollout.first_turn import sample_first_turns
 
     splits = check(cfg)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
@@ -128,6 +123,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="diagnose")
+@one_line_errors("ragen2-diagnose")
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

@@ -1,12 +1,16 @@
 """One fixed set of episodes trained on 1 or 2 ranks; launched as a script by test_multirank.py.
 
-    python tests/integration/multirank_update.py <trainer: cpu | ddp | fsdp> <out.pt>
+    python tests/integration/multirank_update.py <trainer: cpu | ddp | fsdp> <out.pt> [poison]
 
 The iteration's 8 groups × 4 episodes are a pure function of their instance seeds, so every world size
 trains on the same episodes. Groups 0, 1, 2 and 4 vary in reward and the filter keeps exactly those: 3
 groups on rank 0 (groups 0–3) and 1 on rank 1 (groups 4–7). Episode lengths vary and micro-batches are
 small, so the ranks also run different numbers of micro-batches. Rank 0 saves the first optimizer
-step's (all-reduced) gradients, the final parameters and every iteration's logged metrics.
+step's (all-reduced) gradients, the final parameters and every iteration's logged metrics; every other
+rank saves its own final parameters and metrics to ``<out.pt>.rank<r>``.
+
+``poison``: rank 1's first micro-batch has a NaN loss whose gradient stays finite (``tests/poisoned.py``,
+``kind=loss``), so only the ranks' shared finiteness flag can tell rank 0 to skip that step.
 """
 
 from __future__ import annotations
@@ -93,9 +97,19 @@ class Recorder(L.Callback):
         if trainer.is_global_zero:
             saved = {"grads": self.grads, "initial": self.initial, "params": params, "metrics": self.metrics}
             torch.save(saved, self.out)
+        else:
+            torch.save({"params": params, "metrics": self.metrics}, f"{self.out}.rank{trainer.global_rank}")
 
 
-def main(trainer_name: str, out: str) -> None:
+POISON = (
+    "algo.policy_loss._target_=poisoned.PoisonedLoss",
+    "+algo.policy_loss.calls=[0]",
+    "+algo.policy_loss.rank=1",
+    "+algo.policy_loss.kind=loss",
+)
+
+
+def main(trainer_name: str, out: str, poison: bool = False) -> None:
     cfg = compose(
         [
             f"trainer={trainer_name}",
@@ -111,6 +125,7 @@ def main(trainer_name: str, out: str) -> None:
             "iterations=2",
             "diagnostics.enabled=false",
             "trainer.limit_val_batches=0",
+            *(POISON if poison else ()),
         ],
         run_dir=out + ".run",
     )
@@ -124,4 +139,4 @@ def main(trainer_name: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], poison=sys.argv[3:] == ["poison"])

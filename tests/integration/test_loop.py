@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,55 @@ def test_perf_counts_every_sampled_and_every_trained_token(train, tmp_path: Path
         rate = float(row[f"perf/{phase}_tokens_per_s"]) * float(row[f"time/{phase}"])
         assert rate == pytest.approx(float(row[f"perf/{phase}_tokens"]), rel=1e-6)
         assert f"perf/{phase}_peak_memory_gb" not in row  # CUDA only
+
+
+# the objective of conf/algo (the clipped surrogate), NaN on the chosen micro-batches (tests/poisoned.py);
+# one micro-batch per optimizer step, so the n-th call is the n-th step
+POISONED = ("algo.policy_loss._target_=poisoned.PoisonedLoss", "algo.max_tokens_per_micro_batch=1000000")
+
+
+def test_a_non_finite_step_is_skipped_counted_shown_and_never_saved(train, caplog) -> None:
+    from ragen2.models.loading import load_model
+
+    with caplog.at_level(logging.INFO, logger="ragen2"):
+        _, cfg = train(["iterations=2", "filter=none", *POISONED, "+algo.policy_loss.calls=[0]"])
+    run_dir = Path(cfg.run_dir)
+    rows = [r for r in _metric_rows(run_dir) if r.get("train/iteration")]
+    # 16 rows in mini-batches of 8: two steps an iteration, the very first one NaN
+    assert [(r["train/optimizer_steps"], r["train/nonfinite_steps"]) for r in rows] == [
+        ("1.0", "1.0"),
+        ("2.0", "0.0"),
+    ]
+    assert all(float(r["train/grad_norm"]) > 0 for r in rows)  # the finite steps' norms, no NaN among them
+    summaries = [m for m in caplog.messages if m.startswith("iteration ") and "| steps " in m]
+    assert "| nonfinite 1 |" in summaries[0] and "nonfinite" not in summaries[1]
+    weights = _policy_weights(run_dir / "checkpoints" / "last.ckpt")
+    assert all(bool(torch.isfinite(v).all()) for v in weights.values())
+    init = load_model("tiny").state_dict()
+    assert any(not torch.equal(v, init[k[len("policy.") :]]) for k, v in weights.items())  # training went on
+
+
+def test_max_nonfinite_steps_in_a_row_stop_with_an_error_and_the_last_finite_checkpoint(
+    train, tmp_path: Path
+) -> None:
+    from ragen2.models.loading import load_model
+
+    # one step an iteration, every one NaN: iterations 0 and 1 are skipped and saved, iteration 2 stops
+    overrides = [
+        "iterations=4",
+        "filter=none",
+        "algo.mini_batch_size=16",
+        *POISONED,
+        "+algo.policy_loss.calls=[0,1,2,3]",
+    ]
+    with pytest.raises(
+        RuntimeError, match=r"^iteration 2: 3 optimizer steps in a row had a non-finite"
+    ) as err:
+        train(overrides)
+    assert "algo.max_nonfinite_steps=3" in str(err.value) and "Fix:" in str(err.value)
+    run_dir = tmp_path / "run"  # the fixture's run folder
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == 1 and ckpt["ragen2"]["nonfinite_streak"] == 2
+    init = load_model("tiny").state_dict()
+    weights = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
+    assert all(torch.equal(v, init[k[len("policy.") :]]) for k, v in weights.items())  # never stepped

@@ -4,6 +4,7 @@
   ranks and different numbers of micro-batches per rank (``multirank_update.py``): the all-reduced
   gradients equal the 1-rank gradients, the parameters agree after 4 optimizer steps at lr 1e-3, and
   the logged rollout/filter/train numbers are the 1-rank numbers.
+- A NaN loss on one rank only skips that optimizer step on both ranks (``multirank_update.py poison``).
 - Real runs (scripted rollouts, the tiny model) keep different numbers of groups on the two ranks (the
   case that hangs without the padding passes), and a run resumed from last.ckpt equals the run that
   went on.
@@ -31,7 +32,9 @@ pytestmark = pytest.mark.slow
 
 
 def _launch(args: list[str], cwd: Path, timeout: int = 600) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    # the ranks import what this test imports: the tests' helpers, then the caller's PYTHONPATH (a checkout)
+    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
@@ -65,6 +68,24 @@ def test_two_ranks_update_exactly_as_one(strategy: str, one_rank: dict, tmp_path
         for key, value in theirs.items():
             if key.startswith(("rollout/", "filter/", "train/")) and "rank" not in key:
                 assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.timeout(1200)
+def test_a_nan_on_one_rank_skips_the_step_on_both(tmp_path: Path) -> None:
+    # rank 1's first micro-batch has a NaN loss and a finite gradient: rank 0 alone sees nothing wrong,
+    # yet both skip that step (one all-reduced flag), neither hangs, and both end with the same weights
+    out = tmp_path / "out.pt"
+    _launch([sys.executable, str(HERE / "multirank_update.py"), "ddp", str(out), "poison"], tmp_path)
+    ranks = [torch.load(out, weights_only=False), torch.load(f"{out}.rank1", weights_only=False)]
+    for saved in ranks:
+        # 16 kept rows in mini-batches of 8: two steps an iteration, iteration 0's first one skipped
+        assert [m["train/nonfinite_steps"] for m in saved["metrics"]] == [1.0, 0.0]
+        assert [m["train/optimizer_steps"] for m in saved["metrics"]] == [1.0, 2.0]
+    zero, one = (saved["params"] for saved in ranks)
+    assert all(torch.equal(zero[name], one[name]) for name in zero)
+    initial = ranks[0]["initial"]
+    assert any(not torch.equal(zero[name], initial[name]) for name in zero)  # the finite steps were taken
+    assert all(bool(torch.isfinite(p).all()) for p in zero.values())
 
 
 def _metrics(run: Path) -> list[dict[str, str]]:

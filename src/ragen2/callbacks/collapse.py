@@ -1,14 +1,14 @@
 """``CollapseMonitor``: the regime of each MI pass, logged as ``diag/regime``, and the template-collapse alarm.
 
-After every iteration it reads the MI proxies the iteration logged (``last_metrics``, the module's
-``ReportsMetrics`` contract) under ``diag/<mode>/``; on iterations with a pass it advances the classifier
-of ``ragen2.diagnostics.regimes`` and logs ``diag/regime`` (the declared regime's code: 0 healthy,
-1 template collapse, 2 compressed, 3 collapsed) and ``diag/regime_raw`` (the pass on its own, before
-patience). When input dependence is first declared lost (template collapse, or collapsed reached
-directly) it warns once with the evidence, the pass's numbers against the first pass's and the
-thresholds; with ``on_collapse: stop`` it also ends the run after the iteration, at that pass and at every
-later pass still in an alarm regime. Iterations without a pass (between ``diagnostics.every_n_iterations``,
-or too few distinct prompts) leave the state alone: patience counts passes, not iterations.
+After every iteration it reads the MI callback's ``last_pass`` (``MIDiagnostics``: the ``mode`` curve's
+``PassMetrics``); on iterations with a pass it advances the classifier of ``ragen2.diagnostics.regimes``
+and logs ``diag/regime`` (the declared regime's code: 0 healthy, 1 template collapse, 2 compressed,
+3 collapsed) and ``diag/regime_raw`` (the pass on its own, before patience). When input dependence is
+first declared lost (template collapse, or collapsed reached directly) it warns once with the evidence,
+the pass's numbers against the first pass's and the thresholds; with ``on_collapse: stop`` it also ends
+the run after the iteration, at that pass and at every later pass still in an alarm regime. Iterations
+without a pass (between ``diagnostics.every_n_iterations``, or too few distinct prompts) leave the state
+alone: patience counts passes, not iterations.
 
 Several processes: each rank classifies the numbers it sees; the stop decision is reduced over ranks
 (any rank's alarm stops all) every iteration, so every rank takes part in the same collective and all
@@ -17,15 +17,15 @@ stop together even if their metrics differed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from ragen2.callbacks.diagnostics import MIDiagnostics, MIPass
 from ragen2.config import ConfigError
-from ragen2.data.contracts import reported_metrics
-from ragen2.diagnostics.regimes import CURVE, PassMetrics, RegimeState, RegimeThresholds, evidence, step
+from ragen2.diagnostics.regimes import CURVE, RegimeState, RegimeThresholds, evidence, step
 from ragen2.log import log
 
 ACTIONS = ("warn", "stop")
@@ -66,9 +66,12 @@ class CollapseMonitor(L.Callback):
     def state_key(self) -> str:
         return self._generate_state_key(mode=self.mode)  # one monitor per curve can coexist
 
-    def observe(self, metrics: Mapping[str, float], iteration: int) -> dict[str, float]:
-        """Advance on one iteration's metrics; returns what to log (empty without a pass)."""
-        now = PassMetrics.read(metrics, self.mode)
+    def observe(self, last_pass: MIPass | None, iteration: int) -> dict[str, float]:
+        """Advance on the MI callback's latest pass if it is this iteration's and has the ``mode`` curve;
+        returns what to log (empty without such a pass)."""
+        now = (
+            None if last_pass is None or last_pass.iteration != iteration else last_pass.curves.get(self.mode)
+        )
         if now is None:
             return {}
         before = self.state.regime
@@ -94,8 +97,7 @@ class CollapseMonitor(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        metrics = reported_metrics(pl_module)
-        logged = self.observe(metrics, trainer.current_epoch)
+        logged = self.observe(_last_pass(trainer.callbacks), trainer.current_epoch)
         if logged:
             pl_module.log_dict(logged, on_step=True, on_epoch=False, batch_size=1)
         if self.on_collapse == "stop":
@@ -118,6 +120,11 @@ class CollapseMonitor(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.state = RegimeState.from_dict(state_dict)
+
+
+def _last_pass(callbacks: Sequence[L.Callback]) -> MIPass | None:
+    """The MI callback's latest pass, or None in a run without one."""
+    return next((cb.last_pass for cb in callbacks if isinstance(cb, MIDiagnostics)), None)
 
 
 @rank_zero_only

@@ -23,6 +23,9 @@ others, a finer question than "its own env instance"; compare each curve with it
 (``retrieval_above_chance``, ``mi_zscore_ema``), never the raw accuracy or MI across curves with
 different column counts. ``diag/<curve>/rows`` is R, ``valid_rows`` the rows the curve could draw from.
 
+Each pass also leaves ``last_pass`` (``MIPass``): per curve, the three numbers that place it among the
+paper's regimes, which ``CollapseMonitor`` reads.
+
 Cost, each pass: ``diag/tokens_processed`` (positions the model ran, all curves),
 ``diag/token_bound_ratio`` (that over the minimum: Σ over curves of the prefix-tree size of the distinct
 X plus C · Σ_r |z_r|; ≈ 1 means no wasted forward) and ``time/diagnostics`` (seconds).
@@ -37,6 +40,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -47,12 +51,22 @@ from ragen2.data.batch import RolloutBatch
 from ragen2.data.contracts import held_policy
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
 from ragen2.diagnostics.metric import MIMetric
+from ragen2.diagnostics.regimes import PassMetrics
 
 MODES = ("first_turn", "trajectory", "per_turn")
 
 Ids = tuple[int, ...]
 Row = tuple[Ids, Ids]  # (X = the turn's prompt ids, Z = its reasoning ids)
 Trajectory = tuple[tuple[Ids, Ids | None], ...]  # per turn: (X, Z or None when </think> never came)
+
+
+@dataclass(frozen=True)
+class MIPass:
+    """One iteration's MI pass, as the regimes read it: each curve's ``PassMetrics`` (a curve with too few
+    distinct contexts, or a non-finite number, is absent)."""
+
+    iteration: int
+    curves: dict[str, PassMetrics]
 
 
 def trajectories(episodes: Sequence[Any]) -> list[Trajectory]:
@@ -199,6 +213,7 @@ class MIDiagnostics(L.Callback):
         self.seed = seed
         # one metric (one EMA) per curve; turn_<t> metrics appear when a batch first reaches turn t
         self.metrics: dict[str, MIMetric] = {m: MIMetric() for m in self.modes if m != "per_turn"}
+        self.last_pass: MIPass | None = None  # the latest pass (``CollapseMonitor`` reads it)
 
     def due(self, iteration: int) -> bool:
         every = self.every_n_iterations
@@ -239,6 +254,7 @@ class MIDiagnostics(L.Callback):
         """The pass on already gathered trajectories: identical inputs give identical numbers and forwards."""
         start = time.perf_counter()
         out: dict[str, float] = {}
+        passes: dict[str, PassMetrics] = {}
         processed = bound = 0
         for curve in curves(self.modes, trajs):
             rows, valid = self._sample(curve, trajs, iteration)
@@ -254,12 +270,15 @@ class MIDiagnostics(L.Callback):
             out[prefix + "rows"] = float(len(rows))
             out[prefix + "columns"] = float(columns)
             out[prefix + "chance"] = 1.0 / columns
+            if (now := PassMetrics.read(out, curve)) is not None:
+                passes[curve] = now
             processed += scores.tokens_processed
             bound += _bound(scores, rows)
         out["diag/tokens_processed"] = float(processed)
         if bound:
             out["diag/token_bound_ratio"] = processed / bound
         out["time/diagnostics"] = time.perf_counter() - start
+        self.last_pass = MIPass(iteration, passes)
         return out
 
     def state_dict(self) -> dict[str, Any]:

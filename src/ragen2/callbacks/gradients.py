@@ -10,12 +10,13 @@ metrics (``grad/<bucket>/<term>`` and ``_per_sample``, ``_per_token``; ``grad/<b
 samples, tokens, rv_mean, rv_min, rv_max}``; ``time/gradient_buckets``), so the module logs them with
 its own, and rank zero draws ``<run>/gradients/iteration_<n>.png``.
 
-The loss terms are the module's own (``PolicyModule.loss_terms``) under the weights that sampled the
-batch: old log-probs are the current ones (on-policy, ratio 1, as in the update's first mini-batch), the
-reference and the critic's values come from the module's pre-update pass, KL in the reward is applied
-with a copy of its controller, and the advantages are the algorithm's (``algo.advantage``) over all
-groups. Departures from the update: no ``algo.loss_scaling`` (it depends on the filter, which the
-buckets ignore), and a bucket is one mini-batch (micro-batched under the module's token budget).
+The loss terms are the update's own (``ragen2.modules.update``: ``Update.prepare`` then
+``Update.loss_terms``) under the weights that sampled the batch: every row is prepared as the first
+mini-batch's (old log-probs are the current ones: on-policy, ratio 1), the reference and the critic's
+values come from the same pre-update pass, KL in the reward is applied with a copy of its controller,
+and the advantages are the algorithm's (``algo.advantage``) over all groups. Departures from the update:
+no ``algo.loss_scaling`` (it depends on the filter, which the buckets ignore), and a bucket is one
+mini-batch (micro-batched under the update's token budget, ``Update.plan``).
 
 Nothing of the run changes: gradients already held by the parameters are set aside and put back, the
 optimizer is never touched, and the torch (CPU and CUDA), Python and NumPy random states are restored,
@@ -41,7 +42,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from ragen2.algos.batching import micro_batch_share, micro_batches
+from ragen2.algos.batching import micro_batch_share
 from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch
 from ragen2.diagnostics.gradients import (
@@ -53,7 +54,8 @@ from ragen2.diagnostics.gradients import (
     rv_buckets,
 )
 from ragen2.log import log
-from ragen2.modules.policy import PolicyModule, UpdateInputs
+from ragen2.modules.policy import PolicyModule
+from ragen2.modules.update import Update, UpdateInputs
 
 # the task name of each LossTerms field
 _FIELDS = {"task": "policy", "entropy": "entropy", "kl": "kl"}
@@ -124,7 +126,12 @@ class GradientBuckets(L.Callback):
         n = batch.input_ids.shape[0]
         if n == 0:
             return {}
-        inputs, shaped = _update_inputs(module, batch)
+        update = module.update
+        assert update is not None, "the module's models are not built (configure_model)"
+        # steps 1–3 of the update on every row, as its first mini-batch, with β left where it is
+        kl_reward = copy.deepcopy(module.algo.kl_reward)
+        everything = torch.arange(n)
+        inputs = update.prepare(batch, everything, everything, kl_reward=kl_reward)
         variance = group_reward_variance(batch.returns, batch.group_index)
         groups = rv_buckets(variance, self.num_buckets)
         token_level = module.algo.loss_agg == "token-mean"
@@ -144,7 +151,6 @@ class GradientBuckets(L.Callback):
                     f"grad/{name}/rv_max": float(rv.max()),
                 }
             )
-        everything = torch.arange(n)
         out.update(_counts(ALL, everything, len(variance), mask, non_empty))
         out[f"grad/{ALL}/rv_mean"] = float(variance.mean())
         params = [p for p in module.policy.parameters() if p.requires_grad]
@@ -154,7 +160,7 @@ class GradientBuckets(L.Callback):
                 continue  # no such term (no KL in the loss; a critic warm-up has no policy terms)
             total: list[torch.Tensor] | None = None  # Σ_b ∇S_b, the summed term of all groups
             for name, rows in buckets:
-                fields = _backward_bucket(module, shaped, rows, inputs, field, token_level)
+                fields = _backward_bucket(update, rows, inputs, field, token_level)
                 present = fields if present is None else present
                 if field not in present:
                     break
@@ -187,42 +193,19 @@ class GradientBuckets(L.Callback):
         return out
 
 
-def _update_inputs(module: PolicyModule, batch: RolloutBatch) -> tuple[UpdateInputs, RolloutBatch]:
-    """The module's pre-update inputs for every row, KL in the reward applied, advantages over all groups.
-
-    ``update_inputs`` leaves old log-probs to be filled on-policy by ``loss_terms`` (unless values or KL
-    in the reward need them up front, when it computes them all).
-    """
-    inputs = module.update_inputs(batch)
-    shaped = batch
-    if module.algo.kl_reward is not None:
-        assert inputs.ref_logp is not None
-        # a copy: the adaptive controller moves β on every call, and the update must see it unmoved
-        shaped, _ = copy.deepcopy(module.algo.kl_reward)(batch, inputs.old_logp, inputs.ref_logp)
-    est = module.algo.advantage(shaped, inputs.values)
-    inputs.advantages, inputs.returns = est.advantages, est.returns
-    return inputs, shaped
-
-
 def _backward_bucket(
-    module: PolicyModule,
-    batch: RolloutBatch,
-    rows: torch.Tensor,
-    inputs: UpdateInputs,
-    field: str,
-    token_level: bool,
+    update: Update, rows: torch.Tensor, inputs: UpdateInputs, field: str, token_level: bool
 ) -> set[str]:
     """Accumulate ∇L_b of one loss term into the parameters' ``.grad``; returns the LossTerms fields that
-    the module's loss has (when ``field`` is not among them, nothing was back-propagated)."""
-    lengths = batch.attention_mask[rows].sum(-1).tolist()
+    the update's loss has (when ``field`` is not among them, nothing was back-propagated)."""
+    (step,) = update.plan(inputs.batch, [rows])
     present: set[str] = set()
-    for part in micro_batches(lengths, module.algo.max_tokens_per_micro_batch):
-        idx = rows[torch.tensor(part)]
-        terms = module.loss_terms(batch, idx, inputs, batch.iteration)
+    for idx in step.micro:
+        terms, _ = update.loss_terms(inputs, idx)
         present = {f for f in _FIELDS.values() if getattr(terms, f) is not None}
         if field not in present:
             return present
-        (getattr(terms, field) * micro_batch_share(batch.loss_mask, idx, rows, token_level)).backward()
+        (getattr(terms, field) * micro_batch_share(inputs.batch.loss_mask, idx, rows, token_level)).backward()
     return present
 
 

@@ -1,4 +1,7 @@
-"""One status line per iteration: what a researcher watches in a SLURM log (the ``ragen2`` logger)."""
+"""One status line per iteration: what a researcher watches in a SLURM log (the ``ragen2`` logger).
+
+A number missing from the iteration is left out; the count of skipped non-finite optimizer steps
+(``train/nonfinite_steps``) shows only when there were some."""
 
 from __future__ import annotations
 
@@ -17,12 +20,15 @@ KEYS = (
     ("kept", "filter/kept", "{:.0f}"),
     ("loss", "train/loss", "{:+.4f}"),
     ("steps", "train/optimizer_steps", "{:.0f}"),
+    ("nonfinite", "train/nonfinite_steps", "{:.0f}"),
     ("mi", "diag/first_turn/mi_est", "{:+.3f}"),
     ("retr", "diag/first_turn/retrieval_acc", "{:.2f}"),
     ("regime", "diag/regime", "{:.0f}"),
     ("rollout_s", "time/rollout", "{:.0f}"),
     ("update_s", "time/update", "{:.0f}"),
 )
+
+WHEN_NONZERO = {"train/nonfinite_steps"}  # a warning sign, not a number to read every iteration
 
 
 class IterationSummary(L.Callback):
@@ -33,5 +39,6 @@ class IterationSummary(L.Callback):
         metrics = dict(reported_metrics(pl_module))
         # callbacks that log on their own (the collapse monitor's diag/regime) land in callback_metrics
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k == "diag/regime"})
-        parts = [f"{name} {fmt.format(metrics[key])}" for name, key, fmt in KEYS if key in metrics]
+        shown = {k: v for k, v in metrics.items() if k not in WHEN_NONZERO or v != 0}
+        parts = [f"{name} {fmt.format(shown[key])}" for name, key, fmt in KEYS if key in shown]
         log.info("iteration %d: %s", trainer.current_epoch, " | ".join(parts))

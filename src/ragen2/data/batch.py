@@ -5,11 +5,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ragen2.agent.episode import Episode
+
+
+class KeptShare(NamedTuple):
+    """This rank's kept rows among every rank's: where the update's mini-batches find them, and the
+    share of the iteration's rows trained (``algo.loss_scaling``). Counted once, by the DataModule.
+    A tuple, not a frozen dataclass: Lightning rebuilds the batch's fields when it moves it to a device."""
+
+    first: int  # global index of this rank's first kept row (ranks in order)
+    kept: int  # kept rows over every rank
+    rows: int  # rows over every rank
+
+    @property
+    def ratio(self) -> float:
+        """The share of the iteration's rows the update trains on (for a group-level filter, the kept
+        group ratio: groups are equal-sized)."""
+        return self.kept / self.rows
 
 
 @dataclass
@@ -37,6 +53,9 @@ class RolloutBatch:
     # this iteration's metrics from before the update: rollout/*, filter/*, time/* (the DataModule) and
     # diag/* (callbacks that measure the batch); the module logs them with its own
     metrics: dict[str, float] = field(default_factory=dict)
+    # the kept rows counted over every rank (``RolloutDataModule`` sets it with its filter); None: this
+    # batch is the whole iteration (one process, a batch built by hand)
+    share: KeptShare | None = None
 
     @property
     def num_groups(self) -> int:
@@ -46,6 +65,12 @@ class RolloutBatch:
     def kept_ratio(self) -> float:
         """Fraction of the groups the filter kept."""
         return int(self.keep.sum()) / self.keep.numel()
+
+    def kept_share(self) -> KeptShare:
+        """This rank's kept rows among every rank's (``share``, or this batch's own when it is unset)."""
+        if self.share is not None:
+            return self.share
+        return KeptShare(0, int(self.kept_rows.numel()), int(self.keep_rows.numel()))
 
     @property
     def kept_rows(self) -> torch.Tensor:

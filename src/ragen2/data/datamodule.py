@@ -39,7 +39,7 @@ from ragen2.agent.episode import Episode
 from ragen2.agent.runner import EpisodeRunner
 from ragen2.algos.filters import filter_stats
 from ragen2.config import ConfigError, settings
-from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
+from ragen2.data.batch import KeptShare, RolloutBatch, by_group, collate_episodes
 from ragen2.data.contracts import held_policy
 from ragen2.data.evaluation import evaluate, heldout_seeds, validation_metrics
 from ragen2.data.group_filter import GroupFilter
@@ -353,12 +353,13 @@ class RolloutDataModule(L.LightningDataModule):
         stats.update(kept_groups_rank_min=float(min(counts)), kept_groups_rank_max=float(max(counts)))
         return keep, scores, stats
 
-    def _row_stats(self, batch: RolloutBatch) -> dict[str, float]:
-        """The rows the update trains on, over every rank: their count and share of all rows (for a
-        group-level filter, the kept group ratio: groups are equal-sized)."""
-        counts = self._ranks().gather((int(batch.kept_rows.numel()), int(batch.keep_rows.numel())))
-        kept, rows = (sum(c) for c in zip(*counts, strict=True))
-        return {"kept_rows": float(kept), "kept_row_ratio": kept / rows}
+    def _kept_share(self, batch: RolloutBatch) -> KeptShare:
+        """The rows the update trains on, over every rank (one gather): this rank's place among them,
+        their count and their share of all rows."""
+        ranks = self._ranks()
+        counts = ranks.gather((int(batch.kept_rows.numel()), int(batch.keep_rows.numel())))
+        kept = [k for k, _ in counts]
+        return KeptShare(sum(kept[: ranks.rank]), sum(kept), sum(rows for _, rows in counts))
 
     def rollout(self, iteration: int) -> RolloutBatch:
         """Collect and filter one iteration's batch (also callable from a notebook, without a Trainer)."""
@@ -377,7 +378,8 @@ class RolloutDataModule(L.LightningDataModule):
         keep, scores, stats = self._select(batch, out.trainable)
         batch.keep, batch.group_scores = keep, scores
         batch.keep_rows = self.filter.rows(batch)
-        stats.update(self._row_stats(batch))
+        batch.share = self._kept_share(batch)
+        stats.update(kept_rows=float(batch.share.kept), kept_row_ratio=batch.share.ratio)
         # every rank's episodes: the logged numbers describe the whole iteration
         sampled = [ep for part in self._ranks().gather(out.episodes) for eps in part for ep in eps]
         batch.metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(sampled).items()})

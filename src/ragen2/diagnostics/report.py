@@ -1,7 +1,8 @@
 """``ragen2-diagnose``'s library: first-turn (X, Z) rows, their cross-scores and MI family, a report folder.
 
-- Rows come from first turns just rolled out (``sample_first_turns``: the project's ``EpisodeRunner``
-  with a sampler that answers turn 1 only, so X is exactly the prompt training sees) or from a run's saved rollouts
+- Rows come from first turns just rolled out (``rows_from_episodes`` of
+  ``ragen2.rollout.first_turn.sample_first_turns``: the project's episode runner with a sampler that
+  answers turn 1 only, so X is exactly the prompt training sees) or from a run's saved rollouts
   (``rows_from_jsonl``: the records ``rollout.save_jsonl=true`` writes; Z is re-extracted from the
   sampled ids with the tokenizer, as the runner does).
 - ``diagnose`` cross-scores them (``cross_score``) and computes the MI family (``mi_metrics``, whose
@@ -32,11 +33,9 @@ from torch import Tensor
 
 from ragen2.agent.episode import Episode
 from ragen2.agent.reasoning import reasoning_ids
-from ragen2.agent.runner import EpisodeRunner
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
 from ragen2.diagnostics.mi import mi_metrics, per_token, true_rank
 from ragen2.diagnostics.regimes import Regime
-from ragen2.rollout.base import PromptMeta, Sample, Sampler, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -80,46 +79,6 @@ class Diagnosis:
     rank: Tensor  # [R] the own prompt's rank among the C columns (1 = best, ties against it)
     best_other: Tensor  # [R] the best-scoring column other than the own one (-1 when C = 1)
     info: dict[str, Any] = field(default_factory=dict)  # where the rows came from, timings
-
-
-class FirstTurnSampler:
-    """A Sampler that answers the first turn with ``inner`` and ends every later turn at once (EOS).
-
-    The runner renders turn 1 exactly as in training (the turn limit is part of the prompt), and the
-    episodes' later turns cost no model call: they end as bad-format turns nobody reads.
-    """
-
-    def __init__(self, inner: Sampler, eos_token_id: int) -> None:
-        self.inner = inner
-        self.eos_token_id = eos_token_id
-        self.needs_oracle = inner.needs_oracle
-        self.records_entropy = inner.records_entropy
-        self.calls = 0
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        seed: int,
-        meta: Sequence[PromptMeta] | None = None,
-    ) -> list[Sample]:
-        self.calls += 1
-        if self.calls == 1:
-            return self.inner.generate(prompts, params, seed, meta)
-        return [Sample([self.eos_token_id], "eos", [0.0], [0.0]) for _ in prompts]
-
-    def sync_weights(self, model: Any) -> None:
-        self.inner.sync_weights(model)
-
-
-def sample_first_turns(
-    runner: EpisodeRunner, sampler: Sampler, seeds: Sequence[int], samples: int, sample_seed: int
-) -> list[Episode]:
-    """``samples`` first turns for each instance seed (episodes whose turn 1 is the sampled one)."""
-    eos = runner.tokenizer.eos_token_id
-    return runner.collect(
-        FirstTurnSampler(sampler, eos), seeds, samples, sample_seed, desc="diagnose rollout"
-    )
 
 
 def first_turn_row(ep: Episode, decode: Callable[[Sequence[int]], str]) -> Row | None:

@@ -92,6 +92,9 @@ class AlgoConfig:
     """Scale the advantages by the filter's kept ratio: none | linear | sqrt."""
     max_empty_iterations: int = 10
     """Stop after this many consecutive iterations whose filter kept no group (0 = never stop)."""
+    max_nonfinite_steps: int = 3
+    """Stop with an error after this many consecutive optimizer steps skipped for a non-finite loss or
+    gradient norm (0 = skip them without stopping)."""
     sampling: Any = None
     """DAPO's dynamic sampling (``ragen2.data.DynamicSampling``), read by the DataModule."""
     shaping: Any = None
@@ -145,6 +148,12 @@ class AlgoConfig:
                 self.max_empty_iterations,
                 self.max_empty_iterations >= 0,
                 "≥ 0 (0 = never stop)",
+            ),
+            (
+                "max_nonfinite_steps",
+                self.max_nonfinite_steps,
+                self.max_nonfinite_steps >= 0,
+                "≥ 0, e.g. 3 (0 = never stop)",
             ),
         )
         for key, value, ok, fix in ranges:

@@ -1,10 +1,10 @@
 """What a resumed run needs besides weights, optimizer and callbacks: the checkpoint's ``ragen2`` entry.
 
-``RunState`` holds the empty-batch streak and the KL-in-reward coefficient, and captures the RNG states
-(torch, numpy, python) of every data-parallel rank when saved (``rng`` is rank 0's, ``rng_by_rank``
-all of them); each rank restores its own, and a run resumed on another number of ranks restores rank
-0's everywhere. Everything in it is a plain tensor, number or tuple:
-Lightning loads checkpoints with ``torch.load(weights_only=True)``.
+``RunState`` holds the empty-batch and non-finite-step streaks and the KL-in-reward coefficient, and
+captures the RNG states (torch, numpy, python) of every data-parallel rank when saved (``rng`` is rank
+0's, ``rng_by_rank`` all of them); each rank restores its own, and a run resumed on another number of
+ranks restores rank 0's everywhere. Everything in it is a plain tensor, number or tuple: Lightning
+loads checkpoints with ``torch.load(weights_only=True)``.
 
 Layouts: a checkpoint written before ``layout`` existed (layout 1) kept the MI metric's EMA in the
 module's state dict (``mi_first_turn._extra_state``); since layout 2 it is the ``MIDiagnostics``
@@ -52,6 +52,7 @@ class RunState:
     """The counters and coefficients an iteration changes, saved and restored with the checkpoint."""
 
     empty_streak: int = 0  # consecutive iterations whose filter kept no group
+    nonfinite_streak: int = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # KL in the reward's β
 
     def state_dict(self, ranks: Ranks = ONE_PROCESS) -> dict[str, Any]:
@@ -60,6 +61,7 @@ class RunState:
         return {
             "layout": LAYOUT,
             "empty_streak": self.empty_streak,
+            "nonfinite_streak": self.nonfinite_streak,
             "kl_reward_coef": None if self.kl_controller is None else self.kl_controller.value,
             "rng": rngs[0],
             "rng_by_rank": rngs,
@@ -67,6 +69,7 @@ class RunState:
 
     def load_state_dict(self, state: dict[str, Any], ranks: Ranks = ONE_PROCESS) -> None:
         self.empty_streak = int(state.get("empty_streak", 0))
+        self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
         if self.kl_controller is not None and state.get("kl_reward_coef") is not None:
             self.kl_controller.value = float(state["kl_reward_coef"])
         by_rank = state.get("rng_by_rank") or []

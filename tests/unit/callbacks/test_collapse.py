@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ragen2.callbacks import CollapseMonitor
+from ragen2.callbacks.diagnostics import MIPass
 from ragen2.config import ConfigError, build, compose
 from ragen2.diagnostics.regimes import PassMetrics, Regime, RegimeState, RegimeThresholds, classify
 
@@ -115,31 +116,31 @@ def test_a_curve_of_another_mode_is_accepted() -> None:
     assert CollapseMonitor(mode="trajectory").mode == "trajectory"
 
 
-# ---- a constructed metric stream through the callback ---------------------------------------------
+# ---- a constructed stream of MI passes through the callback ---------------------------------------
 
 
-def _pass(h: float, z: float, r: float, curve: str = "first_turn") -> dict[str, float]:
-    keys = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
-    return {f"diag/{curve}/{k}": v for k, v in zip(keys, (h, z, r))} | {"train/loss": 0.1}
+def _pass(iteration: int, h: float, z: float, r: float, curve: str = "first_turn") -> MIPass:
+    return MIPass(iteration, {curve: PassMetrics(h, z, r)})
 
 
 def test_stream_logs_regimes_on_passes_and_warns_once_with_the_evidence() -> None:
     monitor = CollapseMonitor(patience=2)
     stream = [
-        _pass(2.0, 1.0, 0.4),  # 0: the first pass, the reference
-        {"train/loss": 0.1},  # 1: no pass this iteration
-        _pass(1.9, 0.1, 0.0),  # 2: template (1st)
-        _pass(1.9, 0.2, 0.05),  # 3: template (2nd): declared, the alarm
-        _pass(1.9, 0.9, 0.35),  # 4: healthy (1st)
-        _pass(1.9, 0.9, 0.35),  # 5: healthy (2nd): recovered
-        _pass(1.9, 0.1, 0.0),  # 6
-        _pass(1.9, 0.1, 0.0),  # 7: template again: no second warning
-        _pass(2.0, 1.0, 0.4, curve="trajectory"),  # 8: another curve's pass: not this monitor's
+        _pass(0, 2.0, 1.0, 0.4),  # 0: the first pass, the reference
+        _pass(0, 2.0, 1.0, 0.4),  # 1: no pass this iteration (the latest is iteration 0's)
+        _pass(2, 1.9, 0.1, 0.0),  # 2: template (1st)
+        _pass(3, 1.9, 0.2, 0.05),  # 3: template (2nd): declared, the alarm
+        _pass(4, 1.9, 0.9, 0.35),  # 4: healthy (1st)
+        _pass(5, 1.9, 0.9, 0.35),  # 5: healthy (2nd): recovered
+        _pass(6, 1.9, 0.1, 0.0),  # 6
+        _pass(7, 1.9, 0.1, 0.0),  # 7: template again: no second warning
+        _pass(8, 2.0, 1.0, 0.4, curve="trajectory"),  # 8: another curve's pass: not this monitor's
+        None,  # 9: a run without an MI callback
     ]
     with records() as logged:
-        out = [monitor.observe(metrics, iteration) for iteration, metrics in enumerate(stream)]
-    assert [o.get("diag/regime") for o in out] == [0.0, None, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, None]
-    assert [o.get("diag/regime_raw") for o in out] == [0.0, None, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None]
+        out = [monitor.observe(last_pass, iteration) for iteration, last_pass in enumerate(stream)]
+    assert [o.get("diag/regime") for o in out] == [0.0, None, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, None, None]
+    assert [o.get("diag/regime_raw") for o in out] == [0.0, None, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None, None]
     (warning,) = warnings_of(logged)
     assert warning.startswith("template collapse at iteration 3 (first_turn MI pass 3, patience 2)")
     assert "while H(Z|X) holds" in warning
@@ -155,13 +156,13 @@ def test_stream_logs_regimes_on_passes_and_warns_once_with_the_evidence() -> Non
 
 def test_state_dict_round_trip_continues_the_stream() -> None:
     monitor = CollapseMonitor(patience=2)
-    for metrics in (_pass(2.0, 1.0, 0.4), _pass(1.9, 0.1, 0.0)):
-        monitor.observe(metrics, 0)
+    for iteration, last_pass in enumerate((_pass(0, 2.0, 1.0, 0.4), _pass(1, 1.9, 0.1, 0.0))):
+        monitor.observe(last_pass, iteration)
     resumed = CollapseMonitor(patience=2)
     resumed.load_state_dict(monitor.state_dict())
     assert resumed.state == monitor.state and resumed.state.mi_streak == 1
     # the second template pass completes the streak begun before the checkpoint
-    assert resumed.observe(_pass(1.9, 0.1, 0.0), 2)["diag/regime"] == float(Regime.TEMPLATE_COLLAPSE)
+    assert resumed.observe(_pass(2, 1.9, 0.1, 0.0), 2)["diag/regime"] == float(Regime.TEMPLATE_COLLAPSE)
 
 
 # ---- real tiny runs -------------------------------------------------------------------------------
@@ -231,22 +232,29 @@ import lightning as L
 import torch
 
 from ragen2.callbacks import CollapseMonitor
+from ragen2.callbacks.diagnostics import MIDiagnostics, MIPass
+from ragen2.diagnostics.regimes import PassMetrics
 
-HEALTHY = {"cond_entropy": 2.0, "mi_zscore_ema": 1.0, "retrieval_above_chance": 0.4}
-TEMPLATE = {"cond_entropy": 1.9, "mi_zscore_ema": 0.1, "retrieval_above_chance": 0.0}
+HEALTHY = PassMetrics(cond_entropy=2.0, mi_zscore_ema=1.0, retrieval_above_chance=0.4)
+TEMPLATE = PassMetrics(cond_entropy=1.9, mi_zscore_ema=0.1, retrieval_above_chance=0.0)
 
 
-class Streams(L.LightningModule):
-    # the metric stream of each rank, as last_metrics (ReportsMetrics): the callback's whole input
+class Streams(MIDiagnostics):
+    # each rank's own MI passes, as the MI callback hands them over: the monitor's whole input (the real
+    # pass gathers every rank's rollouts, so its ranks could never disagree)
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        values = TEMPLATE if trainer.global_rank == 1 and trainer.current_epoch >= 2 else HEALTHY
+        self.last_pass = MIPass(trainer.current_epoch, {"first_turn": values})
+
+
+class Module(L.LightningModule):
     def __init__(self):
         super().__init__()
         self.automatic_optimization = False
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.last_metrics = {}
 
     def training_step(self, batch, batch_idx):
-        values = TEMPLATE if self.global_rank == 1 and self.current_epoch >= 2 else HEALTHY
-        self.last_metrics = {f"diag/first_turn/{k}": v for k, v in values.items()}
+        pass
 
     def train_dataloader(self):
         return torch.utils.data.DataLoader(torch.zeros(1, 1), batch_size=1)
@@ -268,12 +276,12 @@ if __name__ == "__main__":
         devices=2,
         strategy="ddp_spawn",
         max_epochs=6,
-        callbacks=[CollapseMonitor(on_collapse="stop", patience=1), Report()],
+        callbacks=[Streams(), CollapseMonitor(on_collapse="stop", patience=1), Report()],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-    ).fit(Streams())
+    ).fit(Module())
 """
 
 

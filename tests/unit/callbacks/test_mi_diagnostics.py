@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from ragen2.agent.episode import Episode, Turn
 from ragen2.callbacks import MIDiagnostics
 from ragen2.callbacks.diagnostics import (
+    MIPass,
     Trajectory,
     curves,
     gather_trajectories,
@@ -28,6 +29,7 @@ from ragen2.callbacks.diagnostics import (
 )
 from ragen2.config import ConfigError, compose
 from ragen2.data import RolloutBatch
+from ragen2.diagnostics.regimes import PassMetrics
 
 ALL = ["first_turn", "trajectory", "per_turn"]
 
@@ -181,13 +183,17 @@ def test_measure_on_a_real_batch(batch: RolloutBatch, tiny_model) -> None:
         assert f"diag/first_turn/{key}" in out
     assert out["diag/first_turn/retrieval_chance"] == pytest.approx(1 / out["diag/first_turn/columns"])
     assert not any(k.startswith(("diag/trajectory", "diag/turn_")) for k in out)  # first-turn only
+    # the typed pass the collapse monitor reads: the logged numbers of the curve, for this iteration
+    assert callback.last_pass == MIPass(batch.iteration, {"first_turn": PassMetrics.read(out)})
 
 
 def test_a_batch_with_one_prompt_has_no_mi(batch: RolloutBatch, tiny_model) -> None:
     one_group = batch.select(batch.group_index.eq(0).nonzero().squeeze(-1))
-    out = MIDiagnostics().measure(tiny_model, one_group)
+    callback = MIDiagnostics()
+    out = callback.measure(tiny_model, one_group)
     assert sorted(out) == ["diag/first_turn/valid_rows", "diag/tokens_processed", "time/diagnostics"]
     assert out["diag/tokens_processed"] == 0
+    assert callback.last_pass == MIPass(batch.iteration, {})  # a pass, but no curve to classify
 
 
 @pytest.mark.parametrize(

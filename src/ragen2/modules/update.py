@@ -1,0 +1,512 @@
+"""One RL iteration's update, for every algorithm in conf/algo/: plain torch, no Lightning.
+
+``Update.run`` is the algorithm, read top to bottom (docs/method.md §6):
+
+1. ``prepare``: old log-probs of the kept rows (and the critic's values), and reference log-probs when
+   a KL term is on: no grad, recomputed by the training model (the sampler's are only compared,
+   ``rollout/logprob_gap_*``). Rows trained before the first optimizer step get theirs from that
+   step's own forward instead (on-policy: old = current).
+2. ``prepare``: KL in the reward (``algo.kl_reward``).
+3. ``prepare``: advantages of the kept rows (``algo.advantage``): a group-level filter keeps whole
+   groups, so group statistics are those of whole groups; a trajectory-level one
+   (``filter.trajectory_fraction``) leaves those of the rows it keeps (``ragen2.data.group_filter``
+   says why). Scaled by the kept share of the iteration's rows if ``algo.loss_scaling`` asks.
+4. ``algo.epochs`` passes of fixed-size mini-batches (fewer kept groups, fewer steps), each split into
+   token-budget micro-batches (``plan``): ``loss_terms`` (policy objective, entropy, KL, value),
+   backward, a gradient clip per parameter group, one optimizer step. A step whose loss or gradient
+   norm is not finite on any rank is skipped (``train/nonfinite_steps``); ``algo.max_nonfinite_steps``
+   such steps in a row stop the run with ``NonFiniteUpdate``.
+5. ``train/*`` numbers: each loss term on its own, advantages, the critic's view, learning rates.
+
+``PolicyModule`` (``ragen2.modules.policy``) builds the models and the optimizer and hands this class
+Lightning's backward; a test or a notebook can hand it ``Tensor.backward`` and a plain optimizer.
+Log-probs are computed only at sampled positions, with the LM head in chunks
+(``ragen2.algos.logprobs``): the 49k vocabulary makes full-batch logits gigabytes.
+
+Across data-parallel ranks (DDP, FSDP: ``ragen2.distributed``) each rank trains on its own kept rows,
+and 2 ranks update exactly as 1 rank on the same episodes: the mini-batches are one seeded permutation
+of every rank's kept rows (``RolloutBatch.kept_share`` places this rank's among them), each
+micro-batch's loss is weighted by its share of the whole mini-batch's tokens (times the world size,
+which the strategies' gradient averaging divides out), a rank with fewer micro-batches pads with
+zero-weight passes so that every rank runs the same forwards, backwards and optimizer steps
+(``plan``: one place for both the scoring pass and the update), and whitening, the kept ratio, the
+skip of a non-finite step and the logged numbers are global.
+
+Departures from the paper's code: old log-probs are always recomputed; KL in the reward and KL in the
+loss are separate terms; a non-finite step is skipped rather than applied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import MethodType
+from typing import Any
+
+import torch
+
+from ragen2.algos.batching import local_rows, micro_batches, minibatch_order, row_weights
+from ragen2.algos.filters import loss_scale
+from ragen2.algos.kl import kl_penalty
+from ragen2.algos.logprobs import sampled_logprobs
+from ragen2.algos.losses import aggregate, entropy_loss
+from ragen2.data.batch import RolloutBatch
+from ragen2.distributed import Ranks
+from ragen2.log import log
+from ragen2.models.forward import decoder_hidden, lm_head
+from ragen2.modules.algo_config import AlgoConfig
+from ragen2.modules.critic import Critic
+from ragen2.modules.estimators import KLInReward
+from ragen2.modules.objectives import LossTerms
+from ragen2.modules.run_state import RunState
+from ragen2.progress import bar
+
+ONE_PROCESS = Ranks()
+Backward = Callable[[torch.Tensor], None]
+
+
+class NonFiniteUpdate(RuntimeError):
+    """``algo.max_nonfinite_steps`` optimizer steps in a row had a non-finite loss or gradient norm."""
+
+
+@dataclass
+class UpdateInputs:
+    """Steps 1–3's output, what every micro-batch of the update reads: [B, T] over the rows trained."""
+
+    batch: RolloutBatch  # the rows trained, KL in the reward applied to their rewards
+    pad: RolloutBatch  # one row of the iteration's batch: the zero-weight passes' input
+    advantages: torch.Tensor  # [B, T], × the loss scaling
+    returns: torch.Tensor | None  # [B, T] the critic's targets
+    values: torch.Tensor | None  # [B, T] the critic's values before the update
+    ref_logp: torch.Tensor | None  # [B, T] the frozen reference's log-probs
+    old_logp: torch.Tensor  # [B, T] the rows' log-probs before the update: set where ``known``
+    known: torch.Tensor  # [B] bool; the other rows get theirs from their first training forward
+    metrics: dict[str, float] = field(default_factory=dict)  # train/kl_reward/*
+
+    def remember(self, rows: torch.Tensor, old_logp: torch.Tensor) -> None:
+        """Record the old log-probs ``loss_terms`` used for ``rows`` ([b, T']), so later steps reuse them."""
+        self.old_logp[rows, : old_logp.shape[1]] = old_logp
+        self.known[rows] = True
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step's passes on this rank: its micro-batches and the zero-weight passes that make
+    its forwards and backwards as many as the busiest rank's (DDP's all-reduce and FSDP's gathers are
+    collectives: a rank that ran fewer would leave the others waiting)."""
+
+    micro: list[torch.Tensor]  # [b_i] rows of each micro-batch
+    padding: int  # zero-weight passes after them
+
+
+def token_scores(
+    model: Any,
+    input_ids: torch.Tensor,  # [b, T]
+    attention_mask: torch.Tensor,  # [b, T]
+    loss_mask: torch.Tensor,  # [b, T]
+    temperature: float,
+    with_entropy: bool,
+    share_prefix: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(hidden [b, T, H], log-probs of the sampled tokens [b, T], entropies [b, T] or None): one forward;
+    ``share_prefix`` runs a prompt that several rows share once (``algo.share_prompt_prefix``).
+
+    Bound to each model as ``ragen2_token_scores`` so that FSDP2 can treat it as the model's forward
+    (``register_fsdp_forward_method``): the decoder and the LM head are called directly, which would
+    otherwise skip the root's all-gather of the embeddings, final norm and head.
+    """
+    hidden = decoder_hidden(model, input_ids, attention_mask, share_prefix)
+    logp, entropy = sampled_logprobs(
+        hidden, input_ids, loss_mask, lm_head(model), temperature, with_entropy=with_entropy
+    )
+    return hidden, logp, entropy
+
+
+def build_optimizer(
+    algo: AlgoConfig, policy: Any, critic: Critic | None
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """One AdamW with a parameter group per trained part (two optimizers would double Lightning's
+    global_step), each group with its own ``max_norm``, and the linear warm-up of ``algo.optim``."""
+    opt = algo.optim
+    groups = [
+        {
+            "name": "policy",
+            "params": [p for p in policy.parameters() if p.requires_grad],
+            "lr": opt.lr,
+            "weight_decay": opt.weight_decay,
+            "max_norm": opt.grad_clip,
+        }
+    ]
+    if critic is not None:
+        groups.append(critic.param_group())
+    optimizer = torch.optim.AdamW(groups, betas=opt.betas)
+    warmup = opt.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    return optimizer, scheduler
+
+
+class Update:
+    """The update of every algorithm: configured by ``algo`` (``AlgoConfig``), not subclassed.
+
+    ``policy`` is the causal LM trained, ``ref_policy`` the frozen reference (when a KL term needs it),
+    ``critic`` PPO's critic: the caller owns them (their parameters, devices, sharding); this class binds
+    ``token_scores`` to the two models as ``ragen2_token_scores``.
+    """
+
+    def __init__(
+        self,
+        algo: AlgoConfig,
+        policy: Any,
+        ref_policy: Any = None,
+        critic: Critic | None = None,
+        temperature: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.algo = algo
+        self.policy = policy
+        self.ref_policy = ref_policy
+        self.critic = critic
+        self.temperature = temperature
+        self.seed = seed
+        for model in (policy, ref_policy):
+            if model is not None:
+                model.ragen2_token_scores = MethodType(token_scores, model)
+
+    def run(
+        self,
+        batch: RolloutBatch,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        backward: Backward,
+        state: RunState,
+        ranks: Ranks = ONE_PROCESS,
+    ) -> dict[str, float]:
+        """Steps 1–5 on the batch's kept rows (some rank must have one); returns the ``train/*`` and
+        ``rollout/logprob_gap_*`` numbers."""
+        share = batch.kept_share()
+        kept = batch.kept_rows
+        order = [  # per epoch, this rank's rows of each mini-batch of every rank's kept rows
+            [local_rows(mini, share.first, kept.numel()) for mini in epoch]
+            for epoch in minibatch_order(
+                share.kept, self.algo.mini_batch_size, self.algo.epochs, self.seed * 31 + batch.iteration
+            )
+        ]
+        # 1–3. old and reference log-probs, the critic's values, KL in the reward, advantages
+        inputs = self.prepare(
+            batch, kept, order[0][0], kl_reward=self.algo.kl_reward, kept_ratio=share.ratio, ranks=ranks
+        )
+        metrics = {**inputs.metrics, **_advantage_stats(inputs, self.critic, ranks)}
+        # 4. mini-batches of micro-batches: backward, clip, step
+        metrics.update(self._train(inputs, order, optimizer, scheduler, backward, state, ranks))
+        # 5. how far the sampler's log-probs were from the training model's
+        metrics.update(_logprob_gap(inputs.old_logp, inputs.batch, ranks))
+        return metrics
+
+    def prepare(
+        self,
+        batch: RolloutBatch,
+        rows: torch.Tensor,
+        on_policy: torch.Tensor,
+        *,
+        kl_reward: KLInReward | None,
+        kept_ratio: float = 1.0,
+        ranks: Ranks = ONE_PROCESS,
+    ) -> UpdateInputs:
+        """Steps 1–3 for ``rows`` of ``batch``, before any optimizer step.
+
+        ``on_policy`` (ids among ``rows``) are the rows of the first step: their old log-probs are left
+        to ``loss_terms`` (their own training forward), unless the critic's values or KL in the reward
+        need every row's up front. ``kl_reward`` is applied and moves its controller (a diagnostic
+        passes a copy, or None); ``kept_ratio`` is the share of the iteration's rows trained.
+        """
+        train = batch.select(rows)
+        n = train.input_ids.shape[0]
+        up_front = self.critic is not None or kl_reward is not None
+        first = set() if up_front else set(on_policy.tolist())
+        rest = torch.tensor(sorted(set(range(n)) - first), dtype=torch.long)
+        pad = batch.select(torch.zeros(1, dtype=torch.long))
+        old_logp = torch.zeros_like(train.loss_mask)
+        known = torch.zeros(n, dtype=torch.bool, device=old_logp.device)
+        values = ref_logp = None
+        with torch.no_grad():  # every rank scores (padding passes included), even with no rows to score
+            scored = self._score(self.policy, train, rest, pad, ranks, self.critic)
+            old_logp[rest] = scored[0]
+            known[rest] = True
+            if self.critic is not None:  # rest = every row when there are values
+                values = scored[1]
+            if self.ref_policy is not None:
+                ref_logp = self._score(self.ref_policy, train, torch.arange(n), pad, ranks)[0]
+        metrics: dict[str, float] = {}
+        if kl_reward is not None:
+            assert ref_logp is not None
+            train, kl_stats = kl_reward(train, old_logp, ref_logp, ranks.sum)
+            metrics = {f"train/{k}": v for k, v in kl_stats.items()}
+        est = self.algo.advantage(train, values, ranks.sum)
+        advantages = est.advantages * loss_scale(kept_ratio, self.algo.loss_scaling)
+        return UpdateInputs(train, pad, advantages, est.returns, values, ref_logp, old_logp, known, metrics)
+
+    def plan(
+        self, batch: RolloutBatch, minibatches: Sequence[torch.Tensor], ranks: Ranks = ONE_PROCESS
+    ) -> list[Step]:
+        """Each mini-batch (rows of ``batch``) as one step of token-budget micro-batches, padded to the
+        most micro-batches any rank has in that step: one collective, before any forward."""
+        lengths = batch.attention_mask.sum(-1)  # [B]
+        budget = self.algo.max_tokens_per_micro_batch
+        chunks = [
+            [mini[torch.tensor(rows)] for rows in micro_batches(lengths[mini].tolist(), budget)]
+            for mini in minibatches
+        ]
+        most = ranks.max([len(c) for c in chunks])
+        return [Step(micro, top - len(micro)) for micro, top in zip(chunks, most, strict=True)]
+
+    def loss_terms(self, inputs: UpdateInputs, rows: torch.Tensor) -> tuple[LossTerms, torch.Tensor]:
+        """The loss terms of ``rows`` of ``inputs.batch`` under the current weights (one forward), and
+        the old log-probs they used ([b, T']: a row not yet ``known`` uses its current ones, detached).
+
+        The update back-propagates the terms' sum; a diagnostic can back-propagate each term alone.
+        Reads ``inputs`` and writes nothing: the caller ``remember``s the old log-probs.
+        """
+        mb = inputs.batch.select(rows)
+        width, mask, agg, norm = mb.input_ids.shape[1], mb.loss_mask, self.algo.loss_agg, self.algo.loss_norm
+        hidden, logp, entropy = self._forward(self.policy, mb, with_entropy=True)
+        assert entropy is not None
+        # [b, T'] rows seen for the first time before any step: on-policy, old = current
+        old_logp = torch.where(inputs.known[rows, None], inputs.old_logp[rows, :width], logp.detach())
+        terms = LossTerms()
+        if self.critic is not None:
+            assert inputs.values is not None and inputs.returns is not None
+            values = self.critic(hidden, mb.input_ids, mb.attention_mask, mask)
+            terms.value, critic_stats = self.critic.loss(
+                values, inputs.values[rows, :width], inputs.returns[rows, :width], mask, agg, norm
+            )
+            terms.stats.update(critic_stats)
+        if self.critic is not None and not self.critic.trains_policy(mb.iteration):
+            return terms, old_logp
+        terms.policy, pg_stats = self.algo.policy_loss(
+            logp, old_logp, inputs.advantages[rows, :width], mask, mb.turn_index
+        )
+        ent = entropy_loss(entropy, mask, agg, norm)
+        terms.entropy = -self.algo.entropy_coef * ent
+        terms.stats.update(entropy=float(ent.detach()), **{k: float(v) for k, v in pg_stats.items()})
+        if inputs.ref_logp is not None and self.algo.kl_coef > 0:
+            kl = aggregate(
+                kl_penalty(logp, inputs.ref_logp[rows, :width], self.algo.kl_kind), mask, agg, norm
+            )
+            terms.kl = self.algo.kl_coef * kl
+            terms.stats["kl"] = float(kl.detach())
+        return terms, old_logp
+
+    # ---- the steps' parts ------------------------------------------------------------------
+    def _forward(
+        self, model: Any, mb: RolloutBatch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One forward of ``model`` (the policy or the reference) on a micro-batch: hidden states, the
+        sampled tokens' log-probs and, with ``with_entropy``, their entropies."""
+        return model.ragen2_token_scores(
+            mb.input_ids,
+            mb.attention_mask,
+            mb.loss_mask,
+            self.temperature,
+            with_entropy,
+            self.algo.share_prompt_prefix,
+        )
+
+    def _score(
+        self,
+        model: Any,
+        batch: RolloutBatch,
+        rows: torch.Tensor,
+        pad: RolloutBatch,
+        ranks: Ranks,
+        critic: Critic | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """[len(rows), T] log-probs of the sampled tokens of ``rows`` under ``model`` (and ``critic``'s
+        values), micro-batched; the padding passes' results are discarded."""
+
+        def score(mb: RolloutBatch) -> tuple[torch.Tensor, ...]:
+            hidden, logp, _ = self._forward(model, mb)
+            if critic is None:
+                return (logp,)
+            return logp, critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask)
+
+        (step,) = self.plan(batch, [rows], ranks)
+        parts = [score(batch.select(idx)) for idx in step.micro]
+        for _ in range(step.padding):
+            score(pad)
+        if not parts:  # no rows here
+            empty = batch.loss_mask.new_zeros((0, batch.input_ids.shape[1]))
+            return (empty,) * (1 if critic is None else 2)
+        return tuple(torch.cat([_pad_to(p, batch.input_ids) for p in outs]) for outs in zip(*parts))
+
+    def _arrange(self, rows: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+        """A mini-batch's rows in micro-batch order. Sharing prompts: by group (stably), so that the rows
+        that share a prompt fill micro-batches together; the mini-batch, and so the step, is the same."""
+        if not self.algo.share_prompt_prefix:
+            return rows
+        return rows[torch.sort(batch.group_index[rows], stable=True).indices]
+
+    def _train(
+        self,
+        inputs: UpdateInputs,
+        order: list[list[torch.Tensor]],
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        backward: Backward,
+        state: RunState,
+        ranks: Ranks,
+    ) -> dict[str, float]:
+        """Step 4: every mini-batch of every epoch is one optimizer step; returns step-averaged stats.
+
+        ``order`` holds this rank's rows of each (global) mini-batch; a micro-batch's weight is its
+        share of the whole mini-batch's ``row_weights`` over every rank.
+        """
+        batch = inputs.batch
+        freeze_policy = self.critic is not None and not self.critic.trains_policy(batch.iteration)
+        weights = row_weights(batch.loss_mask, self.algo.loss_agg == "token-mean")  # [B]
+        minibatches = [mini for epoch in order for mini in epoch]
+        steps = self.plan(batch, [self._arrange(mini, batch) for mini in minibatches], ranks)
+        totals = ranks.sum(torch.stack([weights[mini].sum() for mini in minibatches]))  # [steps]
+        sums: dict[str, float] = {}  # share-weighted sums over the steps taken
+        clips: dict[str, float] = {}
+        skipped = 0
+        progress = bar(len(steps), "update", "step")
+        for i, step in enumerate(steps):
+            optimizer.zero_grad(set_to_none=True)
+            before = dict(sums)
+            finite = True
+            for rows in step.micro:
+                share = float(weights[rows].sum()) / max(float(totals[i]), 1.0)
+                terms, old_logp = self.loss_terms(inputs, rows)
+                inputs.remember(rows, old_logp)
+                # × world: DDP and FSDP average the ranks' gradients, the shares already sum to 1 over ranks
+                backward(terms.total * share * ranks.world)
+                logged = terms.logged()
+                finite &= math.isfinite(logged["loss"])
+                for k, v in logged.items():
+                    sums[k] = sums.get(k, 0.0) + v * share
+            for _ in range(step.padding):
+                self._zero_pass(inputs.pad, backward)
+            if freeze_policy:  # the critic's warm-up: the policy (a shared trunk too) stays as sampled
+                for p in self.policy.parameters():
+                    p.grad = None
+            norms = clip(optimizer.param_groups)
+            if _everywhere(finite and all(math.isfinite(v) for v in norms.values()), ranks):
+                optimizer.step()
+                scheduler.step()
+                state.nonfinite_streak = 0
+                for k, v in norms.items():
+                    clips[k] = clips.get(k, 0.0) + v
+            else:  # a step on NaN or inf would make the weights non-finite: drop it, nothing moves
+                optimizer.zero_grad(set_to_none=True)
+                sums = before
+                skipped += 1
+                state.nonfinite_streak += 1
+                _nonfinite(self.algo, batch.iteration, i, norms, state.nonfinite_streak)
+            progress.update()
+            progress.set_postfix_str(f"loss {sums.get('loss', 0.0) / max(i + 1 - skipped, 1):+.4f}")
+        progress.close()
+        taken = len(steps) - skipped
+        sums = {**ranks.sum_floats(sums), **clips}  # norms are already global (reduced gradients)
+        out = {f"train/{k}": v / max(taken, 1) for k, v in sums.items()}
+        out["train/optimizer_steps"] = float(taken)
+        out["train/nonfinite_steps"] = float(skipped)
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            out["train/lr" if group["name"] == "policy" else f"train/{group['name']}/lr"] = float(lr)
+        return out
+
+    def _zero_pass(self, pad: RolloutBatch, backward: Backward) -> None:
+        """A forward and backward of weight 0 on the padding row: a rank with fewer micro-batches in a step
+        joins every collective of the others' passes (DDP's gradient all-reduce, FSDP's gathers) and
+        gives every trained parameter a zero gradient."""
+        hidden, logp, _ = self._forward(self.policy, pad)
+        loss = logp.sum() * 0.0
+        if self.critic is not None:
+            loss = loss + self.critic(hidden, pad.input_ids, pad.attention_mask, pad.loss_mask).sum() * 0.0
+        backward(loss)
+
+
+def _advantage_stats(inputs: UpdateInputs, critic: Critic | None, ranks: Ranks) -> dict[str, float]:
+    """The advantages' mean and mean magnitude over every rank's sampled tokens, and the critic's view."""
+    mask, adv = inputs.batch.loss_mask, inputs.advantages
+    m = mask.to(adv.dtype)
+    sums = ranks.sum(torch.stack([(adv * m).sum(), (adv.abs() * m).sum(), m.sum()]))
+    count = sums[2] if float(sums[2]) > 0 else torch.ones_like(sums[2])
+    out = {
+        "train/advantage_mean": float(sums[0] / count),
+        "train/advantage_abs": float(sums[1] / count),
+    }
+    if critic is not None:
+        assert inputs.returns is not None and inputs.values is not None
+        out.update(critic.stats(inputs.returns, inputs.values, mask, inputs.batch.iteration))
+    return out
+
+
+def _nonfinite(algo: AlgoConfig, iteration: int, step: int, norms: dict[str, float], streak: int) -> None:
+    """Report a skipped step; raise ``NonFiniteUpdate`` at ``algo.max_nonfinite_steps`` in a row."""
+    limit = algo.max_nonfinite_steps
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in norms.items())
+    log.warning(
+        "iteration %d, step %d: non-finite loss or gradient (%s); step skipped, weights unchanged "
+        "(%d in a row, algo.max_nonfinite_steps=%d)",
+        iteration,
+        step,
+        shown,
+        streak,
+        limit,
+    )
+    if limit and streak >= limit:
+        raise NonFiniteUpdate(
+            f"iteration {iteration}: {streak} optimizer steps in a row had a non-finite loss or gradient "
+            f"norm (algo.max_nonfinite_steps={limit}); each was skipped, so the weights and the last "
+            "checkpoint are those of the last finite step. Likely causes: a learning rate too high "
+            f"(algo.optim.lr={algo.optim.lr:g}), fp16 overflow (trainer.precision=16-mixed), or a "
+            "degenerate batch (non-finite rewards or advantages). Fix: lower algo.optim.lr or raise "
+            "algo.optim.warmup_steps, train in trainer.precision=bf16-mixed, check the env's rewards; "
+            "then resume from last.ckpt (algo.max_nonfinite_steps=0 skips such steps without stopping)"
+        )
+
+
+def clip(param_groups: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Clip each parameter group to its own ``max_norm``; returns the pre-clip norms (``grad_norm`` for
+    the policy, ``<name>/grad_norm`` for the others)."""
+    out = {}
+    for group in param_groups:
+        grads = [p for p in group["params"] if p.grad is not None]
+        max_norm = group.get("max_norm") or 0.0
+        if not grads:
+            norm = 0.0
+        elif max_norm > 0:
+            norm = _scalar(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+        else:
+            norm = _scalar(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+        out["grad_norm" if group["name"] == "policy" else f"{group['name']}/grad_norm"] = norm
+    return out
+
+
+def _everywhere(flag: bool, ranks: Ranks) -> bool:
+    """Whether ``flag`` holds on every rank: one all-reduce, so that every rank takes or skips the step."""
+    return float(ranks.sum(torch.tensor([float(not flag)]))[0]) == 0.0
+
+
+def _scalar(x: Any) -> float:
+    """A norm as a float; under FSDP2 clip_grad_norm_ returns a DTensor."""
+    return float(x.full_tensor() if hasattr(x, "full_tensor") else x)
+
+
+def _pad_to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, like.shape[1] - x.shape[1]))
+
+
+def _logprob_gap(old_logp: torch.Tensor, batch: RolloutBatch, ranks: Ranks) -> dict[str, float]:
+    """How far the sampler's log-probs are from the training model's recomputed ones, on sampled tokens
+    (every rank's kept rows)."""
+    sampled = batch.sampler_logprobs
+    compared = batch.loss_mask.bool() & ~torch.isnan(sampled)
+    gap = (old_logp - sampled)[compared].abs()
+    parts = ranks.gather((float(gap.sum()), int(gap.numel()), float(gap.max()) if gap.numel() else 0.0))
+    count = sum(n for _, n, _ in parts)
+    if count == 0:
+        return {}
+    mean = float(gap.mean()) if ranks.world == 1 else sum(s for s, _, _ in parts) / count
+    return {"rollout/logprob_gap_abs": mean, "rollout/logprob_gap_max": max(m for _, n, m in parts if n)}
