@@ -27,6 +27,15 @@ def test_version_is_ragen2s(program: str, tmp_path: Path) -> None:
     assert done.stdout.strip() == f"{program} (ragen2) {importlib.metadata.version('ragen2')}"
 
 
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_help_works_without_docstrings(program: str, tmp_path: Path) -> None:
+    # python -OO (PYTHONOPTIMIZE=2) strips docstrings, which some programs' --help is built from
+    module = "ragen2." + program.removeprefix("ragen2-")
+    done = _run([sys.executable, "-OO", "-m", module, "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith((f"usage: {program} ", f"{program}: "))
+
+
 def test_train_help_says_what_it_does_with_examples(tmp_path: Path) -> None:
     done = _run([str(BIN / "ragen2-train"), "--help"], tmp_path)
     assert done.returncode == 0, done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -287,6 +288,26 @@ def test_a_local_copy_under_ragen2_models_is_taken(monkeypatch: pytest.MonkeyPat
     node = OmegaConf.to_container(compose(["model=qwen2.5_0.5b"]).model, resolve=True)
     model = settings(ModelConfig, node, "model")
     assert model.name_or_path == str(tmp_path / "Qwen2.5-0.5B-Instruct")
+
+
+# nodes that are no mapping: text, and a list of pairs (which dict() would have read as one)
+NOT_MAPPINGS = [
+    ("ragen2/Sokoban-v0", "'ragen2/Sokoban-v0' is text"),
+    ([["id", "x"]], "[['id', 'x']] is a list"),
+]
+
+
+@pytest.mark.parametrize(("node", "said"), NOT_MAPPINGS, ids=["text", "pairs"])
+def test_a_node_that_is_no_mapping_is_named_with_its_value(node: object, said: str) -> None:
+    from ragen2.config import ConfigError, settings
+    from ragen2.data.rollout_config import EnvConfig
+
+    with pytest.raises(
+        ConfigError,
+        match=rf"^env={re.escape(said)}, not a mapping of settings\. Fix: a mapping "
+        r"with any of id, max_turns, max_actions_per_turn, kwargs, ",
+    ):
+        settings(EnvConfig, node, "env")
 
 
 def test_wandb_online_is_not_overridden_by_the_environment(

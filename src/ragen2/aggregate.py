@@ -32,7 +32,8 @@ from ragen2.grids import AggregateError, aggregate_folder, summary
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="ragen2-aggregate", description=__doc__.splitlines()[0])
+    # no docstring under python -OO: the help then goes without its description
+    parser = argparse.ArgumentParser(prog="ragen2-aggregate", description=__doc__ and __doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=version_line("ragen2-aggregate"))
     parser.add_argument(
         "folder", help="a sweep folder (multirun/<date>/<time>, holding 0/, 1/, …) or one above"

@@ -262,17 +262,22 @@ def _field_types(cls: type) -> dict[str, tuple[Any, Any]]:
     }
 
 
-def settings(cls: type[T], node: Mapping[str, Any] | T | None, key: str) -> T:
-    """``cls(**node)`` for the config node at ``key``, refusing keys ``cls`` does not have and values whose
-    type does not fit the field's annotation.
+def settings(cls: type[T], node: object, key: str) -> T:
+    """``cls(**node)`` for the config node at ``key`` (a mapping, an already built ``cls``, or None for all
+    defaults), refusing keys ``cls`` does not have and values whose type does not fit the field's annotation.
 
     The error names ``key.<name>`` with its value, where a moved key went, the keys ``cls`` knows, or the
-    type the field takes.
+    type the field takes; a node that is not a mapping is named with its value.
     """
     if isinstance(node, cls):
         return node
-    values = dict(node or {})
     fields = _field_types(cls)
+    if node is not None and not isinstance(node, Mapping):
+        raise ConfigError(
+            f"{key}={_show(node)} is {_kind(node)}, not a mapping of settings. Fix: a mapping with any of "
+            f"{', '.join(fields)}"
+        )
+    values: dict[str, Any] = dict(node or {})
     for name, value in values.items():
         if name in fields:
             check_type(f"{key}.{name}", value, *fields[name])
@@ -362,7 +367,9 @@ def _check_target_types(cfg: DictConfig) -> None:
         for name in node:
             if name in _HYDRA_KEYS or name not in hints:
                 continue
-            raw = node._get_node(name)._value()
+            child = node._get_node(name)
+            assert child is not None  # name is one of the node's own keys
+            raw = child._value()
             source = _INTERPOLATION.fullmatch(raw) if isinstance(raw, str) else None
             value = node[name]
             if isinstance(value, DictConfig):  # an object of its own: its node is checked where it is
@@ -379,6 +386,7 @@ def _target_nodes(node: DictConfig, path: str) -> Iterable[tuple[str, DictConfig
         yield path, node
     for key in node:
         child = node._get_node(key)
+        assert child is not None  # key is one of the node's own keys
         if (path == "" and key == "hydra") or child._is_interpolation():
             continue
         if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     set_defaults()
     from ragen2.log import log
 
-    parser = argparse.ArgumentParser(prog="ragen2-export", description=__doc__.splitlines()[0])
+    # no docstring under python -OO: the help then goes without its description
+    parser = argparse.ArgumentParser(prog="ragen2-export", description=__doc__ and __doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=version_line("ragen2-export"))
     parser.add_argument("checkpoint", help="a ragen2 .ckpt, e.g. outputs/<run>/checkpoints/last.ckpt")
     parser.add_argument("out", help="the folder to write")

@@ -21,13 +21,15 @@ first step a (re)started logger writes is where the run resumed; history at or a
   out what it holds.
 
 Steps are Lightning's ``_batches_that_stepped``, one per RL iteration here, restored from the checkpoint.
-The two subclasses keep Lightning's class names: callbacks find the CSV logger by name (curves.png).
+The two subclasses keep Lightning's class names, and a callback that looks for Lightning's CSV logger
+(curves.png) finds this one.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import importlib
 import os
 import weakref
 from collections.abc import Mapping, Sequence
@@ -39,7 +41,7 @@ from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import Logger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 
 from ragen2.log import log
 
@@ -60,7 +62,8 @@ class _ResumingWriter(ExperimentWriter):
         self._resumed = False
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                self.metrics_keys = sorted(next(csv.reader(f), []))
+                # fsspec's open is unannotated: its inferred type holds the binary file of "rb" as well
+                self.metrics_keys = sorted(next(csv.reader(f), []))  # pyright: ignore[reportArgumentType]
 
     def _check_log_dir_exists(self) -> None:
         """Lightning deletes an existing metrics.csv here; a restarted run keeps its history."""
@@ -74,7 +77,7 @@ class _ResumingWriter(ExperimentWriter):
 
     def _drop_from(self, step: int) -> None:
         with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(f)  # pyright: ignore[reportArgumentType]  # a text file: as above
             header, rows = list(reader.fieldnames or []), list(reader)
         kept = rows_before(rows, step)
         if len(kept) == len(rows):
@@ -98,7 +101,7 @@ class CSVLogger(pl_loggers.CSVLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> _ResumingWriter:
-        if self._experiment is None:
+        if not isinstance(self._experiment, _ResumingWriter):  # None until the first use
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _ResumingWriter(log_dir=self.log_dir)
         return self._experiment
@@ -121,11 +124,16 @@ class TensorBoardLogger(pl_loggers.TensorBoardLogger):
 
     def _mark_start(self, step: int) -> None:
         writer = self.experiment
-        if type(writer).__module__.startswith("tensorboardX"):
-            from tensorboardX.proto.event_pb2 import Event, SessionLog
-        else:
-            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-        writer._get_file_writer().add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+        # the protos of the writer's own package: tensorboardX's (optional; Lightning uses it only without
+        # tensorboard) or tensorboard's; protobuf builds their classes at import time, untyped either way
+        package = (
+            "tensorboardX.proto"
+            if type(writer).__module__.startswith("tensorboardX")
+            else "tensorboard.compat.proto"
+        )
+        events = importlib.import_module(f"{package}.event_pb2")
+        start = events.SessionLog(status=events.SessionLog.START)
+        writer._get_file_writer().add_event(events.Event(step=step, session_log=start))
 
 
 def wandb_run_id(run_dir: str | os.PathLike[str]) -> str:

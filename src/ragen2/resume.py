@@ -37,7 +37,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -161,11 +161,22 @@ def requeue_plugins() -> list[Any]:
     In a submitit job, the loggers are saved before submitit's requeue signal handler runs. Under SLURM,
     Lightning's SLURM environment with its auto-requeue off (submitit requeues); no plugin elsewhere, nor in
     interactive allocations, where Lightning does not use SLURM either."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
+    from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 
     if os.environ.get("SUBMITIT_EXECUTOR"):
         _save_loggers_before_requeue()
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+class _SaveFirst:
+    """A signal handler that runs ``save``, then the handler it was put in front of."""
+
+    def __init__(self, save: Callable[[], None], then: Callable[[int, FrameType | None], Any]) -> None:
+        self.save, self.then = save, then
+
+    def __call__(self, sig: int, frame: FrameType | None) -> None:
+        self.save()
+        self.then(sig, frame)
 
 
 def _save_loggers_before_requeue() -> None:
@@ -175,14 +186,8 @@ def _save_loggers_before_requeue() -> None:
 
     signum = signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
     submitit_handler = signal.getsignal(signum)
-    if not callable(submitit_handler) or getattr(submitit_handler, "saves_loggers", False):
+    if not callable(submitit_handler) or isinstance(submitit_handler, _SaveFirst):
         return
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
-
-    def handler(sig: int, frame: FrameType | None) -> None:
-        save_before_requeue()
-        submitit_handler(sig, frame)
-
-    handler.saves_loggers = True  # type: ignore[attr-defined]
-    signal.signal(signum, handler)
+    signal.signal(signum, _SaveFirst(save_before_requeue, submitit_handler))

@@ -127,7 +127,10 @@ class EpisodeRunner:
         progress bar (interactive terminals only).
         """
         params = params or self.params
-        envs, episodes, prompts, observations = [], [], [], []
+        envs: list[tuple[Any, ChatRenderer]] = []
+        episodes: list[Episode] = []
+        prompts: list[list[int]] = []
+        observations: list[str] = []
         renderer: ChatRenderer | None = None
         for g, seed in enumerate(seeds):
             for k in range(group_size):

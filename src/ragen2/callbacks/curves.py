@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from ragen2.grids import read_series
@@ -58,7 +59,7 @@ class CurvesPNG(L.Callback):
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for logger in trainer.loggers:
-            if type(logger).__name__ == "CSVLogger":
+            if isinstance(logger, CSVLogger):
                 logger.save()
                 metrics = Path(logger.log_dir) / "metrics.csv"
                 if metrics.is_file():

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from ragen2.data.batch import RolloutBatch
@@ -48,8 +49,9 @@ class RolloutTable(L.Callback):
         text = f"# iteration {batch.iteration}\n\n" + "\n\n".join(render_episode(ep) for ep in chosen)
         (folder / f"iteration_{batch.iteration:05d}.md").write_text(text)
         for logger in trainer.loggers:
-            if type(logger).__name__ == "WandbLogger":
-                logger.log_text(
+            if isinstance(logger, WandbLogger):
+                # the table log_text makes, with cells of any type (log_text's are annotated as text)
+                logger.log_table(
                     key="rollout/episodes",
                     columns=["group", "sample", "return", "success", "transcript"],
                     data=[

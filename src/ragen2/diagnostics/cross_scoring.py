@@ -154,7 +154,7 @@ def _score_column(
     copies the cache once per chunk instead of once per row, and every logit it computes is used.
     """
     device = model.device
-    dtype = model.get_input_embeddings().weight.dtype
+    dtype = _embedding_weight(model).dtype
     past = cache_len(kv)
     sums = torch.zeros(len(zs), dtype=torch.float32)
     processed = 0
@@ -177,12 +177,19 @@ def _score_column(
     return sums, processed
 
 
+def _embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+    """The input embedding table, one row per token id."""
+    weight = model.get_input_embeddings().weight
+    assert isinstance(weight, torch.Tensor)  # nn.Module's attributes are typed Tensor | Module
+    return weight
+
+
 def _check_model(model: PreTrainedModel) -> int:
     if not isinstance(model, PreTrainedModel):
         raise TypeError(
             f"model must be a transformers PreTrainedModel (causal LM), got {type(model).__name__}"
         )
-    return model.get_input_embeddings().num_embeddings
+    return _embedding_weight(model).shape[0]
 
 
 def cross_score(

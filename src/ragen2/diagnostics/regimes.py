@@ -96,9 +96,10 @@ class PassMetrics:
         """The pass logged under ``diag/<curve>/`` in ``metrics``, or None when this iteration had none
         (no pass due, or too few distinct prompts for MI) or a value is not finite."""
         values = [metrics.get(f"diag/{curve}/{key}") for key in KEYS]
-        if any(v is None or not math.isfinite(float(v)) for v in values):
+        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+        if len(finite) < len(KEYS):
             return None
-        return cls(*(float(v) for v in values))  # type: ignore[arg-type]
+        return cls(*finite)
 
 
 @dataclass(frozen=True)

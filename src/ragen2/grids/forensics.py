@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, TypeGuard
 
 from hydra.core.utils import JobReturn, JobStatus
 
@@ -46,9 +46,17 @@ def log_problem(text: str) -> str | None:
 
 
 class _Inert(type):
-    """The metaclass of records: calling a record (pickle's REDUCE) records the call instead of running one."""
+    """The metaclass of records: calling a record (pickle's REDUCE) records the call instead of running one.
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> type[Record]:
+    A record is a class, so what each one holds is declared here, on the class of records (see ``Record``).
+    """
+
+    name: str | None  # a global's "module.qualname"; None for what a call made
+    made_by: _Inert | None
+    args: tuple[Any, ...]
+    state: Any
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> _Inert:
         return _record(None, cls, args)
 
     def __setitem__(cls, key: Any, value: Any) -> None:
@@ -64,12 +72,7 @@ class Record(metaclass=_Inert):
     (cloudpickle's classes by value), and the unpickler creates instances of classes only.
     """
 
-    name: ClassVar[str | None]  # a global's "module.qualname"; None for what a call made
-    made_by: ClassVar[type[Record] | None]
-    args: ClassVar[tuple[Any, ...]]
-    state: ClassVar[Any]
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> type[Record]:  # type: ignore[misc]
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
         return _record(None, cls, args)
 
     @classmethod
@@ -81,7 +84,7 @@ class Record(metaclass=_Inert):
         """A sequence a global built is filled (a list subclass): its contents are never read."""
 
 
-def _record(name: str | None, made_by: type[Record] | None, args: tuple[Any, ...]) -> type[Record]:
+def _record(name: str | None, made_by: _Inert | None, args: tuple[Any, ...]) -> _Inert:
     record = _Inert.__new__(_Inert, "Record", (Record,), {})
     record.name, record.made_by, record.args, record.state = name, made_by, args, None
     return record
@@ -90,11 +93,11 @@ def _record(name: str | None, made_by: type[Record] | None, args: tuple[Any, ...
 class RecordUnpickler(pickle.Unpickler):
     """An unpickler that imports nothing: each global the pickle names is a ``Record`` of that name."""
 
-    def find_class(self, module: str, name: str) -> type[Record]:
+    def find_class(self, module: str, name: str) -> _Inert:
         return _record(f"{module}.{name}", None, ())
 
 
-def _made_by(value: Any, name: str) -> bool:
+def _made_by(value: Any, name: str) -> TypeGuard[_Inert]:
     return isinstance(value, _Inert) and value.made_by is not None and value.made_by.name == name
 
 

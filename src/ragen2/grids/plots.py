@@ -38,7 +38,7 @@ def plot_metrics(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path
                 ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="o", color="C0", capsize=4)
             elif not math.isnan(mean):
                 ax.plot([x], [mean], "o", color="C0")
-        used = sorted({c.stats[name].key for c in cells if c.stats[name].key})
+        used = sorted({key for c in cells if (key := c.stats[name].key)})
         ax.set_title(f"{name}\n{' / '.join(used) or 'not logged'}", fontsize=8)
         ax.set_xticks(list(xs), [label(keys, c.values) for c in cells], rotation=30, ha="right", fontsize=7)
     for ax in list(axes.flat)[len(METRICS) :]:

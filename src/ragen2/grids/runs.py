@@ -134,7 +134,7 @@ def read_run(
         has_checkpoint=(folder / "checkpoints" / "last.ckpt").is_file(),
         # past a horizon the run reached, how its job ended (still running, cancelled, crashed) is moot
         job_error=None
-        if job_id not in submitit or (upto and iterations >= upto)
+        if job_id is None or job_id not in submitit or (upto and iterations >= upto)
         else job_problem(submitit[job_id], trust_pickles),
     )
 

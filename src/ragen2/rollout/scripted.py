@@ -46,8 +46,10 @@ class ScriptedSampler:
         rng = random.Random(seed)
         out = []
         for i in range(len(prompts)):
-            oracle = meta[i].oracle if meta is not None and meta[i].oracle is not None else self.fallback
-            text = rng.choice(self.responses).replace("{oracle}", oracle)
+            planned = meta[i].oracle if meta is not None else None
+            text = rng.choice(self.responses).replace(
+                "{oracle}", self.fallback if planned is None else planned
+            )
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))
             finish = (
                 "stop"
