@@ -101,6 +101,7 @@ BAD = [
     (["trainer.devices=auto"], r"trainer\.devices='auto'.*Fix: trainer\.devices=1"),
     (["trainer=ddp", "trainer.devices=3"], r"rollout\.groups=4 does not divide among 3 ranks.*Fix"),
     (["iterations=0"], r"iterations=0 must be ≥ 1"),
+    (["algo.optim=0.1"], r"algo\.optim=0\.1 is not a mapping of settings\. Fix: set one of its keys"),
     # types, checked against the config dataclasses' annotations (and the run's own keys) before any build
     (["rollout.groups=abc"], r"rollout\.groups='abc' is text, not an integer\. Fix: rollout\.groups=4$"),
     (["seed=abc"], r"seed='abc' is text, not an integer\. Fix: seed=0$"),

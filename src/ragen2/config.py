@@ -325,6 +325,7 @@ def validate(cfg: DictConfig) -> None:
         node = OmegaConf.select(cfg, parent) if parent else cfg
         if isinstance(node, DictConfig) and leaf in node:
             raise ConfigError(f"{_moved(old)} (a config file sets {old})")
+    _check_nodes(cfg)
     _check_run_keys(cfg)
     _check_temperature(cfg)
     _check_ranks(cfg)
@@ -332,6 +333,21 @@ def validate(cfg: DictConfig) -> None:
     _check_master_weights(cfg)
     _check_writable(cfg)
     _check_target_types(cfg)  # last: it imports the targets' modules
+
+
+#: nodes that hold settings; an override can replace one with a value (``algo.optim=0.1``)
+_NODES = ("env", "algo", "algo.optim", "model", "rollout", "filter", "val", "trainer")
+
+
+def _check_nodes(cfg: DictConfig) -> None:
+    """Each node of settings is a mapping, before any check reads a key inside one."""
+    for key in _NODES:
+        node = OmegaConf.select(cfg, key, default=None)
+        if node is not None and not isinstance(node, DictConfig):
+            raise ConfigError(
+                f"{key}={node!r} is not a mapping of settings. Fix: set one of its keys "
+                f"({key}.<name>=value), or choose a config of the group ({key.replace('.', '/')}=<name>)"
+            )
 
 
 def _check_run_keys(cfg: DictConfig) -> None:

@@ -97,7 +97,9 @@ class CollapseMonitor(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        logged = self.observe(_last_pass(trainer.callbacks), trainer.current_epoch)
+        # Lightning's callback connector sets Trainer.callbacks without declaring it
+        callbacks = trainer.callbacks  # pyright: ignore[reportAttributeAccessIssue]
+        logged = self.observe(_last_pass(callbacks), trainer.current_epoch)
         if logged:
             pl_module.log_dict(logged, on_step=True, on_epoch=False, batch_size=1)
         if self.on_collapse == "stop":

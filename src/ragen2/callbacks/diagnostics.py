@@ -92,10 +92,10 @@ def gather_trajectories(local: list[Trajectory]) -> list[Trajectory]:
 
 def _valid(traj: Trajectory, t: int) -> Row | None:
     """Turn ``t`` (0-based) as a row, or None when the episode did not reach it or its Z is invalid."""
-    if t >= len(traj) or traj[t][1] is None:
+    if t >= len(traj):
         return None
     x, z = traj[t]
-    return x, z  # type: ignore[return-value]
+    return None if z is None else (x, z)
 
 
 def _draw(rows: list[Row], budget: int, rng: random.Random) -> list[Row]:

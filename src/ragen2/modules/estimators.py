@@ -73,12 +73,28 @@ class OutcomeAdvantage:
         return Advantages(adv[:, None] * batch.loss_mask, None)
 
 
+class GroupTokenFn(Protocol):
+    """``fn(returns [B], group_index [B], mask [B, T], reduce=…) -> advantages [B, T]``."""
+
+    def __call__(
+        self, returns: torch.Tensor, group_index: torch.Tensor, mask: torch.Tensor, *, reduce: Reduce = ...
+    ) -> torch.Tensor: ...
+
+
+class TokenFn(Protocol):
+    """``fn(rewards [B, T], mask [B, T], reduce=…) -> (advantages [B, T], returns [B, T])``."""
+
+    def __call__(
+        self, rewards: torch.Tensor, mask: torch.Tensor, *, reduce: Reduce = ...
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class GroupTokenAdvantage:
     """Group baselines whitened over tokens (REINFORCE++-baseline): ``fn(returns, group_index, mask) -> [B, T]``."""
 
     needs_values: ClassVar[bool] = False
 
-    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, fn: GroupTokenFn) -> None:
         self.fn = fn
 
     def __call__(
@@ -94,7 +110,7 @@ class TokenAdvantage:
 
     def __init__(
         self,
-        fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        fn: TokenFn,
         reward: str = "turn",
     ) -> None:
         self.fn = fn

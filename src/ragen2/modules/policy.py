@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -99,6 +99,7 @@ class PolicyModule(L.LightningModule):
         """FSDP2: each decoder layer its own unit, the rest of each model (embeddings, norm, head) the root."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+        assert self.device_mesh is not None, "configure_model shards only under a device mesh"
         mesh = self.device_mesh["data_parallel"]
         precision = self.trainer.precision if self._trainer is not None else "32-true"
         mp = (
@@ -150,7 +151,10 @@ class PolicyModule(L.LightningModule):
         self.run_state.empty_streak = 0
         metrics["filter/skipped"] = 0.0
         ranks = Ranks.current()
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        # one optimizer and one scheduler (configure_optimizers); a LightningOptimizer subclasses the class
+        # of the optimizer it wraps at run time, and its step runs the strategy's and precision's hooks
+        optimizer = cast(torch.optim.Optimizer, self.optimizers())
+        scheduler = cast(torch.optim.lr_scheduler.LRScheduler, self.lr_schedulers())
         assert self.update is not None, "configure_model() builds the update with the models"
         metrics.update(
             self.update.run(batch, optimizer, scheduler, self.manual_backward, self.run_state, ranks)

@@ -32,7 +32,9 @@ _MI_CALLBACK = "MIDiagnostics"  # the callback's Lightning state key (its class 
 
 def rng_state() -> dict[str, Any]:
     """The process's torch, numpy and python RNG states, in weights-only-loadable types."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple)  # legacy=True: the MT19937 tuple, not the bit generator's dict
+    kind, keys, pos, has_gauss, gauss = state
     return {
         "torch": torch.get_rng_state(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),

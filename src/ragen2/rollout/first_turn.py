@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 from ragen2.rollout.base import PromptMeta, Sample, Sampler, SamplingParams
 
-E = TypeVar("E", covariant=True)
+E = TypeVar("E")
 
 
 class FirstTurnSampler:
