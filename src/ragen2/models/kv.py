@@ -5,9 +5,10 @@ sequence, cut to length l, is the cache of its first l tokens: a prefix computed
 continuation of it (the next turn of an episode, every rollout of a group, every reasoning scored
 against a prompt).
 
-Decoding helpers: ``GrowingLayer`` appends a step's keys/values into spare capacity instead of
-re-concatenating the whole cache every step (``DynamicLayer``'s ``torch.cat`` copies O(length) per layer
-per token), and ``grouped_query_attention`` lets a grouped-query model (SmolLM2: 9 query heads over 3
+Decoding helpers: ``PreallocatedLayer`` writes a step's keys/values into buffers allocated once for the
+whole call instead of re-concatenating the whole cache every step (``DynamicLayer``'s ``torch.cat`` copies
+O(length) per layer per token), and can write at a device-held position for a step replayed as a CUDA
+graph; and ``grouped_query_attention`` lets a grouped-query model (SmolLM2: 9 query heads over 3
 key/value heads) attend without materialising every key/value head ``n_rep`` times: transformers' SDPA
 path calls ``repeat_kv`` whenever a mask is given, a full copy of the cache per layer per token.
 """
@@ -16,8 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -39,53 +39,105 @@ def as_cache(kv: KV | None, batch: int | None = None) -> DynamicCache | None:
     return DynamicCache(ddp_cache_data=kv)
 
 
-class GrowingLayer(DynamicLayer):
-    """A full-attention cache layer with spare capacity: a step writes its keys/values in place.
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer whose keys/values live in buffers allocated once, with room for a whole
+    generate call ([b, kv_heads, capacity, head_dim], zero-filled).
 
-    ``keys``/``values`` are views of the first ``length`` positions of the buffers, so everything that
-    reads a ``DynamicLayer`` (sequence length, masks, ``cache_layers``) reads this one unchanged. The
-    buffers grow by doubling when a write does not fit.
+    Written eagerly, a write lands after the last one and ``keys``/``values`` are views of the written
+    positions, so everything that reads a ``DynamicLayer`` (sequence length, masks, ``cache_layers``) reads
+    this one unchanged. With ``at`` set (a one-element device tensor) a write lands at that position and
+    attention sees the whole buffer under the caller's mask: the same shapes and addresses every step, which
+    is what a CUDA graph replays. Unwritten positions hold zeros, so a masked one never turns a sum into NaN.
     """
 
-    def __init__(self, reserve: int = 64) -> None:
+    def __init__(self, capacity: int) -> None:
         super().__init__()
-        self.reserve = reserve  # spare positions allocated beyond the first write
-        self._k: Tensor | None = None  # [b, kv_heads, capacity, head_dim]
-        self._v: Tensor | None = None
+        self.capacity = capacity
+        self.at: Tensor | None = None  # [1] long: the position a captured step writes
+        self.buffers: tuple[Tensor, Tensor] | None = None
+
+    def allocate(self, like_keys: Tensor, like_values: Tensor, batch: int) -> None:
+        self.lazy_initialization(like_keys, like_values)
+        heads, dk, dv = like_keys.shape[1], like_keys.shape[-1], like_values.shape[-1]
+        k = like_keys.new_zeros((batch, heads, self.capacity, dk))
+        v = like_values.new_zeros((batch, heads, self.capacity, dv))
+        self.buffers = (k, v)
+        self.keys, self.values = k[:, :, :0], v[:, :, :0]
 
     def update(
         self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
     ) -> tuple[Tensor, Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start = 0 if self._k is None else self.keys.shape[-2]
+        if self.buffers is None:
+            self.allocate(key_states, value_states, key_states.shape[0])
+        assert self.buffers is not None
+        k, v = self.buffers
+        if self.at is not None:
+            k.index_copy_(2, self.at, key_states)
+            v.index_copy_(2, self.at, value_states)
+            return k, v
+        start = self.get_seq_length()
         end = start + key_states.shape[-2]
-        if self._k is None or end > self._k.shape[-2]:
-            capacity = max(end + self.reserve, 0 if self._k is None else 2 * self._k.shape[-2])
-            shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
-            k, v = key_states.new_empty(shape), value_states.new_empty(shape[:3] + value_states.shape[-1:])
-            if self._k is not None:
-                k[:, :, :start], v[:, :, :start] = self.keys, self.values
-            self._k, self._v = k, v
-        assert self._v is not None
-        self._k[:, :, start:end] = key_states
-        self._v[:, :, start:end] = value_states
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        if end > self.capacity:
+            raise ValueError(
+                f"a write up to position {end} overflows the cache's capacity of {self.capacity}"
+            )
+        k[:, :, start:end] = key_states
+        v[:, :, start:end] = value_states
+        self.keys, self.values = k[:, :, :end], v[:, :, :end]
         return self.keys, self.values
 
+    def written(self, length: int) -> None:
+        """Positions ``[0, length)`` hold keys/values (after rows were copied in, or after captured steps)."""
+        assert self.buffers is not None
+        self.keys, self.values = self.buffers[0][:, :, :length], self.buffers[1][:, :, :length]
 
-def growing_cache(kv: KV | None, reserve: int) -> DynamicCache:
-    """A cache of ``GrowingLayer``s holding ``kv`` (empty when None) with room for ``reserve`` more tokens."""
+
+def preallocated_cache(rows: Sequence[KV | None], width: int, capacity: int, layers: int) -> DynamicCache:
+    """A cache of ``layers`` ``PreallocatedLayer``s for ``len(rows)`` rows with room for ``capacity`` positions.
+
+    Row i's prefix (per layer [1, kv_heads, n_i, head_dim], or None) is copied right-aligned into positions
+    ``[width - n_i, width)``, one copy per distinct prefix and layer (a group's rows share theirs); the rest
+    of ``[0, width)`` stays zero (padding the caller masks). Without any prefix a layer allocates on its
+    first update.
+    """
     cache = DynamicCache()
-    if kv is None:
-        cache.layer_class_to_replicate = partial(GrowingLayer, reserve)  # layers made on first update
+    sharing: dict[int, tuple[KV, list[int]]] = {}  # id(prefix) -> (prefix, its rows)
+    for i, kv in enumerate(rows):
+        if kv is not None:
+            sharing.setdefault(id(kv), (kv, []))[1].append(i)
+    if not sharing:
+        cache.layers = []
+        cache.layers.extend(PreallocatedLayer(capacity) for _ in range(layers))
         return cache
+    template = next(iter(sharing.values()))[0]
+    device = template[0][0].device
+    groups = [(kv, torch.tensor(idx, device=device)) for kv, idx in sharing.values()]
     cache.layers = []
-    for k, v in kv:
-        layer = GrowingLayer(reserve)
-        layer.update(k, v)
+    for layer_idx, (k0, v0) in enumerate(template):
+        layer = PreallocatedLayer(capacity)
+        layer.allocate(k0, v0, len(rows))
+        k, v = layer.buffers  # type: ignore[misc]
+        for kv, idx in groups:
+            pk, pv = kv[layer_idx]
+            n = pk.shape[-2]
+            k[idx, :, width - n : width] = pk.expand(len(idx), -1, -1, -1)
+            v[idx, :, width - n : width] = pv.expand(len(idx), -1, -1, -1)
+        layer.written(width)
         cache.layers.append(layer)
     return cache
+
+
+@contextmanager
+def write_at(cache: DynamicCache, at: Tensor) -> Iterator[None]:
+    """Within the block, every ``PreallocatedLayer`` of ``cache`` writes at the device position ``at``."""
+    layers = [layer for layer in cache.layers if isinstance(layer, PreallocatedLayer)]
+    for layer in layers:
+        layer.at = at
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.at = None
 
 
 GROUPED_SDPA = "ragen2_grouped_sdpa"
@@ -131,7 +183,7 @@ def grouped_query_attention(model: Any) -> Iterator[None]:
     """Within the block, a model on transformers' SDPA attention decodes through ``grouped_sdpa``."""
     config = getattr(model, "config", None)
     before = getattr(config, "_attn_implementation", None)
-    if before != "sdpa":
+    if config is None or before != "sdpa":
         yield
         return
     config._attn_implementation = GROUPED_SDPA
@@ -143,14 +195,16 @@ def grouped_query_attention(model: Any) -> Iterator[None]:
 
 def cache_layers(cache: DynamicCache, who: str) -> KV:
     """The (keys, values) of a full-attention model's cache; other cache kinds raise."""
-    layers = cache.layers
-    if any(type(layer) not in (DynamicLayer, GrowingLayer) for layer in layers):
-        kinds = sorted({type(layer).__name__ for layer in layers})
+    layers = [layer for layer in cache.layers if type(layer) in (DynamicLayer, PreallocatedLayer)]
+    if len(layers) != len(cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
         raise ValueError(
             f"{who} needs a full-attention model (DynamicLayer caches), got {kinds}; "
             "sliding-window and hybrid models are not supported by the cached path"
         )
-    return [(layer.keys, layer.values) for layer in layers]
+    return [
+        (cast(Tensor, layer.keys), cast(Tensor, layer.values)) for layer in cast(list[DynamicLayer], layers)
+    ]
 
 
 def cache_len(kv: KV | None) -> int:

@@ -343,16 +343,121 @@ def test_grouped_query_model_decodes_exactly(tokenizer, gqa_model, prompts) -> N
     assert gqa_model.config._attn_implementation == "sdpa"  # restored after sampling
 
 
-def test_growing_layer_equals_concatenation() -> None:
-    from ragen2.models.kv import GrowingLayer, growing_cache
+def test_preallocated_layer_equals_concatenation_and_writes_at_a_device_position() -> None:
+    from ragen2.models.kv import PreallocatedLayer, preallocated_cache, write_at
 
     torch.manual_seed(0)
     steps = [(torch.randn(2, 3, n, 4), torch.randn(2, 3, n, 4)) for n in (5, 1, 1, 7, 1)]
-    layer = GrowingLayer(reserve=2)  # forces two re-allocations
+    layer = PreallocatedLayer(capacity=16)
     for k, v in steps:
         keys, values = layer.update(k, v)
     torch.testing.assert_close(keys, torch.cat([k for k, _ in steps], -2), rtol=0, atol=0)
     torch.testing.assert_close(values, torch.cat([v for _, v in steps], -2), rtol=0, atol=0)
     assert layer.get_seq_length() == 15
-    cache = growing_cache([steps[0]], reserve=1)
-    assert cache.get_seq_length() == 5 and isinstance(cache.layers[0], GrowingLayer)
+    # a recorded step's write: at position 15 (a device tensor), attention sees the whole zero-padded buffer
+    k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+    cache = preallocated_cache([None], 0, 16, layers=1)
+    cache.layers = [layer]
+    with write_at(cache, torch.tensor([15])):
+        full_k, full_v = layer.update(k, v)
+    assert full_k.shape == full_v.shape == (2, 3, 16, 4) and layer.at is None
+    torch.testing.assert_close(full_k[:, :, 15:], k, rtol=0, atol=0)
+    torch.testing.assert_close(full_v[:, :, 15:], v, rtol=0, atol=0)
+    layer.written(16)
+    assert layer.get_seq_length() == 16
+    with pytest.raises(ValueError, match="capacity of 16"):
+        layer.update(k, v)
+
+
+def test_preallocated_cache_right_aligns_each_rows_prefix() -> None:
+    from ragen2.models.kv import preallocated_cache
+
+    a = [(torch.full((1, 2, 3, 4), 1.0), torch.full((1, 2, 3, 4), 2.0))]  # one layer, 3 positions
+    b = [(torch.full((1, 2, 1, 4), 3.0), torch.full((1, 2, 1, 4), 4.0))]  # 1 position
+    cache = preallocated_cache([a, None, b], width=3, capacity=8, layers=1)
+    layer = cache.layers[0]
+    assert layer.get_seq_length() == 3 and layer.buffers[0].shape == (3, 2, 8, 4)
+    keys = layer.keys[:, 0, :, 0]  # [rows, positions]
+    assert keys.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 3.0]]
+    assert (layer.buffers[1][:, :, 3:] == 0).all()  # unwritten room is zero: masked, never NaN
+
+
+@pytest.mark.parametrize("check_every", [1, 5])
+def test_stop_rule_matches_decoding_every_tail(tokenizer, check_every: int) -> None:
+    """Random scripts of pieces that spell stop strings in many ways (single characters, split UTF-8
+    bytes, "</answer>" in one to nine tokens, newlines): the sampler, which decodes only candidate tokens,
+    stops each row where decoding the tail after every token does (``cut_at_stop``, the rule itself)."""
+    from ragen2.rollout.vllm import cut_at_stop
+
+    vocab = tokenizer.get_vocab()
+    pieces = [
+        *(_enc(tokenizer, t) for t in ["</answer>", "</", "answer", ">", "er>", " </answer>", "\n", "\n\n"]),
+        *([vocab[c]] for c in "</answer>x"),
+        *(_enc(tokenizer, t) for t in ["😀", "日本", "é", " the", "<answer>Up", "<|im_end|>"]),
+        [tokenizer.eos_token_id],
+    ]
+    gen = torch.Generator().manual_seed(0)
+    scripts = {}
+    for row in range(64):
+        script: list[int] = []
+        while len(script) < 40:
+            script += pieces[int(torch.randint(len(pieces), (1,), generator=gen))]
+        scripts[row] = script
+    # row i's prompt ends with id 1000 + i, the key of its script
+    sampler = _script_sampler(tokenizer, {1000 + i: s for i, s in scripts.items()}, default=vocab["x"])
+    sampler.check_every = check_every
+    eos = {tokenizer.eos_token_id}
+    for stop in [("</answer>",), ("</answer>", "\n\n"), ("😀", "é"), ("本",), ("r>",)]:
+        params = SamplingParams(max_new_tokens=24, temperature=0.0, stop=stop)
+        out = sampler.generate([[1000 + i] for i in scripts], params, seed=0)
+        finished = 0
+        for i, s in enumerate(out):
+            want, reason = cut_at_stop(scripts[i][:24], eos, stop, tokenizer.decode, sampler.stop_window)
+            assert (s.ids, s.finish_reason) == (want, reason or "length"), (stop, i)
+            finished += reason == "stop"
+        assert finished >= 8, stop  # the scripts do reach each stop set
+
+
+def test_stop_candidates_are_the_ids_that_can_end_a_stop_string(tokenizer) -> None:
+    from ragen2.rollout.hf import stop_candidates
+
+    vocab = tokenizer.get_vocab()
+    table = stop_candidates(tokenizer, ("</answer>",), len(tokenizer))
+    assert all(table[vocab[t]] for t in [">", ">,", ">>"])
+    assert all(table[i] for i in _enc(tokenizer, "😀"))  # partial UTF-8 bytes: always looked at
+    assert not any(table[vocab[t]] for t in ["</", "answer", "<", "x", "Ġthe"])  # never its last piece
+    assert 0.001 < table.float().mean() < 0.02  # most steps decode nothing
+    assert table is stop_candidates(tokenizer, ("</answer>",), len(tokenizer))  # built once
+    wider = stop_candidates(tokenizer, ("</answer>",), len(tokenizer) + 5)
+    assert wider[len(tokenizer) :].all()  # ids the tokenizer does not know (a padded vocabulary)
+
+
+class CountingTokenizer:
+    """The tokenizer, counting ``decode`` calls (the stop rule's per-token cost on the host)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.inner, self.decodes = tokenizer, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def decode(self, *args, **kwargs):
+        self.decodes += 1
+        return self.inner.decode(*args, **kwargs)
+
+
+def test_stop_strings_are_decoded_only_for_tokens_that_could_end_one(tokenizer, tiny_model, prompts) -> None:
+    """A tail is decoded only after an id that could end a stop string (~0.7 % of the vocabulary for
+    "</answer>"), not for every row at every step; the samples are those of a plain tokenizer."""
+    counting = CountingTokenizer(tokenizer)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, stop=("</answer>",))
+    out = HFSampler(counting, tiny_model).generate(prompts, params, seed=4)
+    assert [s.ids for s in out] == [
+        s.ids for s in HFSampler(tokenizer, tiny_model).generate(prompts, params, seed=4)
+    ]
+    sampled = sum(len(s.ids) for s in out)
+    assert sampled == 3 * 12
+    assert counting.decodes <= 2  # 36 draws from a near-uniform 49k-way distribution
