@@ -30,6 +30,7 @@ from ragen2.models.checkpoint import read_checkpoint
 from ragen2.train import run
 
 ITERATIONS = 3
+TASK = ["model=tiny", "rollout=scripted", "trainer.limit_val_batches=0", "~callbacks.curves"]
 
 
 def _iterations(metrics: Path) -> list[int]:
@@ -64,13 +65,8 @@ def _job_log(sweep_dir: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sweep_dir.glob(".submitit/*/*_log.out"))
 
 
-@pytest.mark.slow
-def test_usr2_requeues_and_the_run_resumes_with_its_history(
-    slurm_cluster: dict[str, str],  # noqa: F811
-    tmp_path: Path,
-) -> None:
-    sweep_dir = tmp_path / "sweep"
-    run_dir = sweep_dir / "0"
+def _launch(sweep_dir: Path, env: dict[str, str], *overrides: str) -> subprocess.Popen[str]:
+    """A one-job ``ragen2-train --multirun`` through submitit's SLURM launcher on the local cluster."""
     command = [
         sys.executable,
         "-m",
@@ -81,17 +77,28 @@ def test_usr2_requeues_and_the_run_resumes_with_its_history(
         "hydra.launcher.cpus_per_task=2",
         "hydra.launcher.mem_gb=4",
         "hydra.launcher.gpus_per_node=null",
-        "hydra.launcher.timeout_min=15",  # submitit counts a signal in the first 5 min as a preemption
         f"hydra.sweep.dir={sweep_dir}",
-        "model=tiny",
-        "rollout=scripted",
-        "trainer.limit_val_batches=0",
+        *TASK,
+        *overrides,
+    ]
+    return subprocess.Popen(
+        command, cwd=sweep_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+@pytest.mark.slow
+def test_usr2_requeues_and_the_run_resumes_with_its_history(
+    slurm_cluster: dict[str, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    run_dir = sweep_dir / "0"
+    launcher = _launch(  # ckpt_path is left at its default, auto
+        sweep_dir,
+        slurm_cluster,
+        "hydra.launcher.timeout_min=15",  # submitit counts a signal in the first 5 min as a preemption
         "logger=wandb",
-        "~callbacks.curves",
         f"iterations={ITERATIONS}",
-    ]  # ckpt_path is left at its default, auto
-    launcher = subprocess.Popen(
-        command, cwd=tmp_path, env=slurm_cluster, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         # mid-run: iteration 0 is logged and checkpointed, the others are still to come
@@ -164,30 +171,11 @@ def test_scancel_saves_the_iteration_in_progress_and_a_later_run_continues_from_
     slurm_cluster: dict[str, str],  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    iterations, task = (
-        5,
-        ["model=tiny", "rollout=scripted", "trainer.limit_val_batches=0", "~callbacks.curves"],
-    )
-    task += ["callbacks.checkpoint.every_n_iterations=3"]  # due: iteration 2 and the last; 1 is not
+    iterations = 5
     sweep_dir = tmp_path / "sweep"
     run_dir = sweep_dir / "0"
-    command = [
-        sys.executable,
-        "-m",
-        "ragen2.train",
-        "--multirun",
-        "hydra/launcher=slurm",
-        "hydra.launcher.partition=debug",
-        "hydra.launcher.cpus_per_task=2",
-        "hydra.launcher.mem_gb=4",
-        "hydra.launcher.gpus_per_node=null",
-        f"hydra.sweep.dir={sweep_dir}",
-        *task,
-        f"iterations={iterations}",
-    ]
-    launcher = subprocess.Popen(
-        command, cwd=tmp_path, env=slurm_cluster, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    every = "callbacks.checkpoint.every_n_iterations=3"  # due: iteration 2 and the last; 1 is not
+    launcher = _launch(sweep_dir, slurm_cluster, every, f"iterations={iterations}")
     metrics = run_dir / "csv" / "metrics.csv"
     try:
         deadline = time.monotonic() + 180
@@ -219,6 +207,6 @@ def test_scancel_saves_the_iteration_in_progress_and_a_later_run_continues_from_
     assert state["epoch"] == stopped and any(k.startswith("policy.") for k in state["state_dict"])
 
     # a later run given that checkpoint goes on from the next iteration, in the same run folder
-    run(compose([*task, f"iterations={iterations}", f"ckpt_path={ckpt}"], run_dir=str(run_dir)))
+    run(compose([*TASK, every, f"iterations={iterations}", f"ckpt_path={ckpt}"], run_dir=str(run_dir)))
     assert _iterations(metrics) == list(range(iterations))
     assert read_checkpoint(ckpt)["epoch"] == iterations - 1

@@ -9,6 +9,7 @@ import sys
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from ragen2.callbacks.checkpoint import LastCheckpoint
@@ -24,9 +25,9 @@ class Weighty(BoringModel):
         self.frozen = torch.nn.Parameter(torch.randn(WEIGHT_BYTES // 4), requires_grad=False)
 
 
-if __name__ == "__main__":
-    folder, epochs = sys.argv[1], int(sys.argv[2])
-    trainer = L.Trainer(
+def one_batch_trainer(epochs: int, checkpoint: LastCheckpoint, *callbacks: Callback) -> L.Trainer:
+    """One batch per epoch, one save per epoch, nothing else written."""
+    return L.Trainer(
         accelerator="cpu",
         max_epochs=epochs,
         limit_train_batches=1,
@@ -35,6 +36,10 @@ if __name__ == "__main__":
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[LastCheckpoint(dirpath=folder)],
+        callbacks=[checkpoint, *callbacks],
     )
-    trainer.fit(Weighty())
+
+
+if __name__ == "__main__":
+    folder, epochs = sys.argv[1], int(sys.argv[2])
+    one_batch_trainer(epochs, LastCheckpoint(dirpath=folder)).fit(Weighty())

@@ -23,7 +23,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from ragen2.callbacks import LastCheckpoint
 from ragen2.models.checkpoint import read_checkpoint
 from ragen2.resume import last_checkpoint
-from unit.checkpoint_writer import WEIGHT_BYTES
+from unit.checkpoint_writer import WEIGHT_BYTES, one_batch_trainer
 
 HERE = Path(__file__).resolve().parent
 
@@ -31,19 +31,9 @@ HERE = Path(__file__).resolve().parent
 def _fit(
     folder: Path, epochs: int, *callbacks: Callback, ckpt_path: str | None = None, **checkpoint: Any
 ) -> None:
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=epochs,
-        limit_train_batches=1,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[LastCheckpoint(dirpath=str(folder), **checkpoint), *callbacks],
-    )
+    fit = one_batch_trainer(epochs, LastCheckpoint(dirpath=str(folder), **checkpoint), *callbacks)
     torch.manual_seed(0)
-    trainer.fit(BoringModel(), ckpt_path=ckpt_path, weights_only=True)
+    fit.fit(BoringModel(), ckpt_path=ckpt_path, weights_only=True)
 
 
 def _epochs(folder: Path) -> dict[str, int]:
