@@ -84,7 +84,15 @@ class Ranks:
         return out
 
     def any(self, flag: bool) -> bool:
-        return any(self.gather(bool(flag)))
+        """Whether ``flag`` holds on some rank (one all-reduce)."""
+        return bool(self.sum(torch.tensor([int(flag)]))[0])
+
+    def all(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (one all-reduce)."""
+        return not self.any(not flag)
+
+
+ONE_PROCESS = Ranks()  # the default of functions that also run outside a process group
 
 
 def _backend_device() -> torch.device:

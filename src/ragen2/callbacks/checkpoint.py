@@ -197,7 +197,7 @@ class LastCheckpoint(ModelCheckpoint):
         if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
             return
         asked = self._sigterm or trainer.received_sigterm
-        stop = bool(Ranks.current().sum(torch.tensor([int(asked)])).item())  # any rank signalled
+        stop = Ranks.current().any(asked)  # any rank signalled
         iteration = trainer.current_epoch + 1
         # the run's last iteration is always saved: the end of training, or a stop asked by another callback
         last = trainer.should_stop or iteration == trainer.max_epochs
@@ -233,7 +233,7 @@ class LastCheckpoint(ModelCheckpoint):
         """Every rank: refuse non-finite weights (one all-reduce), then Lightning's save."""
         bad = nonfinite_parameters(trainer.lightning_module)
         ranks = Ranks.current()
-        if int(ranks.sum(torch.tensor([len(bad)])).item()):
+        if ranks.any(bool(bad)):
             named = [
                 f"{name} (rank {rank})" for rank, names in enumerate(ranks.gather(bad[:3])) for name in names
             ]

@@ -21,10 +21,9 @@ import numpy as np
 import torch
 
 from ragen2.algos.kl import AdaptiveKLController, FixedKLController
-from ragen2.distributed import Ranks
+from ragen2.distributed import ONE_PROCESS, Ranks
 
 KEY = "ragen2"
-ONE_PROCESS = Ranks()
 LAYOUT = 2
 _LEGACY_MI = "mi_first_turn._extra_state"
 _MI_CALLBACK = "MIDiagnostics"  # the callback's Lightning state key (its class name)

@@ -52,7 +52,7 @@ from ragen2.algos.kl import kl_penalty
 from ragen2.algos.logprobs import sampled_logprobs
 from ragen2.algos.losses import aggregate, entropy_loss
 from ragen2.data.batch import RolloutBatch
-from ragen2.distributed import Ranks
+from ragen2.distributed import ONE_PROCESS, Ranks
 from ragen2.log import log
 from ragen2.models.forward import decoder_hidden, lm_head
 from ragen2.modules.algo_config import AlgoConfig
@@ -62,7 +62,6 @@ from ragen2.modules.objectives import LossTerms
 from ragen2.modules.run_state import RunState
 from ragen2.progress import bar
 
-ONE_PROCESS = Ranks()
 Backward = Callable[[torch.Tensor], None]
 
 
@@ -391,7 +390,8 @@ class Update:
                 for p in self.policy.parameters():
                     p.grad = None
             norms = clip(optimizer.param_groups)
-            if _everywhere(finite and all(math.isfinite(v) for v in norms.values()), ranks):
+            # every rank takes the step or every rank skips it
+            if ranks.all(finite and all(math.isfinite(v) for v in norms.values())):
                 optimizer.step()
                 scheduler.step()
                 state.nonfinite_streak = 0
@@ -482,11 +482,6 @@ def clip(param_groups: Sequence[dict[str, Any]]) -> dict[str, float]:
             norm = _scalar(torch.nn.utils.get_total_norm([p.grad for p in grads]))
         out["grad_norm" if group["name"] == "policy" else f"{group['name']}/grad_norm"] = norm
     return out
-
-
-def _everywhere(flag: bool, ranks: Ranks) -> bool:
-    """Whether ``flag`` holds on every rank: one all-reduce, so that every rank takes or skips the step."""
-    return float(ranks.sum(torch.tensor([float(not flag)]))[0]) == 0.0
 
 
 def _scalar(x: Any) -> float:
