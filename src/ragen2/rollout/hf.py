@@ -320,7 +320,7 @@ class HFSampler:
                 f"rollout.sampler.decode_step={self.decode_step!r} needs a model on SDPA attention "
                 "(attn_implementation='sdpa'). Fix: rollout.sampler.decode_step=auto"
             )
-        return "static" if self.decode_step == "graph" and self._graph_failed else self.decode_step
+        return self.decode_step  # a failed recording makes "graph" run the static step (``fixed``)
 
     def _generate_batch(
         self,
