@@ -68,6 +68,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     from ragen2.diagnostics.report import diagnose, rows_from_episodes, rows_from_jsonl, write_report
     from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
     from ragen2.models.loading import ModelConfig, load_tokenizer
+    from ragen2.models.placement import Placement
     from ragen2.rollout.first_turn import sample_first_turns
 
     splits = check(cfg)
@@ -75,10 +76,11 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     if state is not None:
         cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
     model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
+    place = settings(Placement, OmegaConf.to_container(cfg.trainer, resolve=True), "trainer")
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     tokenizer = load_tokenizer(model.name_or_path)
-    policy = load_policy(model.name_or_path, cfg.checkpoint, model.dtype, state).eval()
+    policy = load_policy(model.name_or_path, cfg.checkpoint, model.dtype, state).to(place.device()).eval()
     seconds["load"] = time.perf_counter() - start
 
     def decode(ids: Sequence[int]) -> str:
@@ -95,7 +97,10 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
         sampler = rollout.sampler(tokenizer)
         sampler.sync_weights(policy)
         seeds = heldout_seeds(cfg.seed, cfg.num_seeds)
-        episodes = sample_first_turns(rollout.runner(env, tokenizer), sampler, seeds, cfg.samples, cfg.seed)
+        with place.autocast():
+            episodes = sample_first_turns(
+                rollout.runner(env, tokenizer), sampler, seeds, cfg.samples, cfg.seed
+            )
         rows = rows_from_episodes(episodes, decode)
         source = (
             f"{env.id}, {cfg.num_seeds} held-out seeds × {cfg.samples} first-turn samples "
@@ -104,11 +109,13 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
         )
         seconds["rollout"] = time.perf_counter() - start
     start = time.perf_counter()
-    diag = diagnose(policy, rows, splits, max_batch_tokens=cfg.max_batch_tokens)
+    with place.autocast():
+        diag = diagnose(policy, rows, splits, max_batch_tokens=cfg.max_batch_tokens)
     seconds["cross-scoring"] = time.perf_counter() - start
     diag.info |= {
         "source": source,
         "model": model.name_or_path + (f" + {cfg.checkpoint}" if cfg.checkpoint else ""),
+        "device": f"{place.device()}, {place.precision}",
         "seconds": seconds,
     }
     folder = write_report(diag, cfg.output, cfg.max_listed)

@@ -36,17 +36,23 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     from ragen2.data.evaluation import evaluate, heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
     from ragen2.models.loading import ModelConfig, load_tokenizer
+    from ragen2.models.placement import Placement
 
     if state is not None:
         cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
     env = settings(EnvConfig, OmegaConf.to_container(cfg.env, resolve=True), "env")
     rollout = settings(RolloutConfig, build(cfg.rollout, _convert_="all"), "rollout")
     model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
+    place = settings(Placement, OmegaConf.to_container(cfg.trainer, resolve=True), "trainer")
     tokenizer = load_tokenizer(model.name_or_path)
     sampler = rollout.sampler(tokenizer)
-    sampler.sync_weights(load_policy(model.name_or_path, cfg.checkpoint, model.dtype, state))
+    policy = load_policy(model.name_or_path, cfg.checkpoint, model.dtype, state)
+    sampler.sync_weights(policy.to(place.device()).eval())
     seeds = heldout_seeds(cfg.seed, cfg.num_seeds)
-    results = evaluate(rollout.runner(env, tokenizer), sampler, seeds, cfg.samples, cfg.ks, oracle=cfg.oracle)
+    with place.autocast():
+        results = evaluate(
+            rollout.runner(env, tokenizer), sampler, seeds, cfg.samples, cfg.ks, oracle=cfg.oracle
+        )
     out = Path(cfg.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {
@@ -54,6 +60,8 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
         "max_turns": env.max_turns,
         "model": model.name_or_path,
         "checkpoint": cfg.checkpoint,
+        "device": str(place.device()),
+        "precision": str(place.precision),
     }
     out.write_text(json.dumps({**record, **results}, indent=2))
     width = max(len(k) for k in results)

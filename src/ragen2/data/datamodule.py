@@ -49,6 +49,7 @@ from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.shaping import OverlongShaping
 from ragen2.distributed import Ranks
 from ragen2.models.loading import load_tokenizer
+from ragen2.models.placement import AUTOCAST
 from ragen2.models.weights import full_named_tensors, weights_version
 from ragen2.perf import phase_metrics, start_phase
 from ragen2.rollout.base import Sampler
@@ -86,10 +87,6 @@ def _is_sharded(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
-
-
-#: trainer.precision -> the autocast dtype the update's forwards run under
-_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def _device(model: Any) -> torch.device:
@@ -212,7 +209,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _autocast_dtype(self) -> torch.dtype | None:
         """The mixed precision's compute dtype (``bf16-mixed``: bf16), None without one."""
-        return _AUTOCAST.get(str(self.trainer.precision)) if self.trainer is not None else None
+        return AUTOCAST.get(str(self.trainer.precision)) if self.trainer is not None else None
 
     def _unsharded(self, policy: Any) -> Any:
         """A full copy of an FSDP-sharded policy, refreshed from every rank's shards (a collective: every
