@@ -224,6 +224,9 @@ def main() -> None:
             out.write_text(json.dumps({**info, "runs": rows}, indent=2))
     print(f"\n{info['device']}, torch {info['torch']}\n")
     print(table(rows))
+    failed = [f"{r['model']}:{r['workload']}:{r['strategy']}" for r in rows if "error" in r]
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (their tracebacks are above and in {args.out})")
 
 
 if __name__ == "__main__":
