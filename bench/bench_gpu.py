@@ -14,7 +14,7 @@ episodes of 2 turns. Strategies: ``gpu`` (one device,
 
 Each run is its own process (a clean CUDA context and process group). Reported from the run's own
 ``perf/*`` and ``time/*`` metrics: rollout and update seconds, sampled and trained tokens per second,
-each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writes bench/results/gpu.json
+each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writes bench/results/gpu_bench.json
 (or --out) and prints a table.
 
   python bench/bench_gpu.py [--runs smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:fsdp]
@@ -180,7 +180,7 @@ def main() -> None:
         "--runs", default="smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:gpu"
     )
     parser.add_argument("--extra", default="", help="overrides added to every run, comma-separated")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu.json"))
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu_bench.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
