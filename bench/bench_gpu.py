@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance
+
 # (transformers config class, keyword arguments): the published shapes, random weights
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "smollm2-135m": (
@@ -197,6 +199,7 @@ def main() -> None:
                 f"of {sorted(WORKLOADS)}, strategy one of {sorted(STRATEGIES)}"
             )
     info = {
+        "provenance": provenance(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "extra": args.extra,
