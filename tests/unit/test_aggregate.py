@@ -15,7 +15,7 @@ import yaml
 from hydra.core.utils import JobReturn, JobStatus
 
 from ragen2.aggregate import main
-from ragen2.grids import aggregate_folder
+from ragen2.grids import OUTPUTS, aggregate_folder
 from ragen2.grids.forensics import NOT_READABLE, job_problem, log_problem, result_problem
 from ragen2.grids.runs import AggregateError, Run, parse_overrides, run_problem
 from ragen2.grids.stats import Interval, ci95, t_quantile
@@ -650,3 +650,12 @@ def test_an_unwritable_destination_is_one_line_before_anything_is_read(tmp_path:
     ):
         main([str(parent), "--out", str(out)])
     assert not (out / "a" / "aggregate.csv").exists()  # no grid was aggregated
+
+
+def test_help_names_every_output_and_the_pairing_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for name in OUTPUTS:
+        assert name.split(".")[0] in text, name
+    assert "--pair PAIR" in text and "--steps STEPS" in text and "matched optimizer steps" in text
