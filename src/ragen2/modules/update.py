@@ -196,7 +196,7 @@ class Update:
         inputs = self.prepare(
             batch, kept, order[0][0], kl_reward=self.algo.kl_reward, kept_ratio=share.ratio, ranks=ranks
         )
-        metrics = {**inputs.metrics, **_advantage_stats(inputs, self.critic, ranks)}
+        metrics = {**inputs.metrics, **_advantage_stats(inputs, batch.returns[kept], self.critic, ranks)}
         # 4. mini-batches of micro-batches: backward, clip, step
         metrics.update(self._train(inputs, order, optimizer, scheduler, backward, state, ranks))
         # 5. how far the sampler's log-probs were from the training model's
@@ -433,16 +433,36 @@ class Update:
         backward(loss)
 
 
-def _advantage_stats(inputs: UpdateInputs, critic: Critic | None, ranks: Ranks) -> dict[str, float]:
-    """The advantages' mean and mean magnitude over every rank's sampled tokens, and the critic's view."""
+def _advantage_stats(
+    inputs: UpdateInputs, returns: torch.Tensor, critic: Critic | None, ranks: Ranks
+) -> dict[str, float]:
+    """The advantages' mean and mean magnitude over every rank's sampled tokens; the rows whose advantage is
+    non-zero on some sampled token (``train/effective_rows``) and their mean return (``returns`` [B], the
+    episodes' before KL in the reward: ``train/effective_reward``, absent when there is none); the
+    critic's view. A group-relative estimator gives a group whose returns are all equal no advantage, so
+    the effective reward is that of the rollouts the task gradient learns from."""
     mask, adv = inputs.batch.loss_mask, inputs.advantages
     m = mask.to(adv.dtype)
-    sums = ranks.sum(torch.stack([(adv * m).sum(), (adv.abs() * m).sum(), m.sum()]))
+    effective = ((adv != 0) & mask.bool()).any(-1).to(adv.dtype)  # [B]
+    sums = ranks.sum(
+        torch.stack(
+            [
+                (adv * m).sum(),
+                (adv.abs() * m).sum(),
+                m.sum(),
+                effective.sum(),
+                (returns.to(adv.dtype) * effective).sum(),
+            ]
+        )
+    )
     count = sums[2] if float(sums[2]) > 0 else torch.ones_like(sums[2])
     out = {
         "train/advantage_mean": float(sums[0] / count),
         "train/advantage_abs": float(sums[1] / count),
+        "train/effective_rows": float(sums[3]),
     }
+    if float(sums[3]) > 0:
+        out["train/effective_reward"] = float(sums[4] / sums[3])
     if critic is not None:
         assert inputs.returns is not None and inputs.values is not None
         out.update(critic.stats(inputs.returns, inputs.values, mask, inputs.batch.iteration))
