@@ -23,7 +23,7 @@ set_defaults()
 import json  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, TextIO  # noqa: E402
+from typing import Any, TextIO, cast  # noqa: E402
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
@@ -45,8 +45,9 @@ def check(cfg: DictConfig) -> Path:
         raise ConfigError(
             f"samples={cfg.samples} must be ≥ 0 sampled rollouts per seed (0: greedy only). Fix: samples=4"
         )
-    ks = OmegaConf.to_container(cfg.ks) if isinstance(cfg.ks, ListConfig) else cfg.ks
-    check_type("ks", ks, list[int], [1, 2, 4])
+    given = OmegaConf.to_container(cfg.ks) if isinstance(cfg.ks, ListConfig) else cfg.ks
+    check_type("ks", given, list[int], [1, 2, 4])
+    ks = cast(list[int], given)
     if any(k < 1 for k in ks):
         raise ConfigError(f"ks={ks}: pass@k needs k ≥ 1. Fix: ks=[1,2,4]")
     beyond = [k for k in ks if k > cfg.samples]

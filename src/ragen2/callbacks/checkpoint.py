@@ -32,7 +32,7 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import lightning as L
 import torch
@@ -97,7 +97,7 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path, target: Path) -> No
         with path.open("wb") as f:
             sink = _Sink(f)
             try:
-                torch.save(checkpoint, sink)
+                torch.save(checkpoint, cast(IO[bytes], sink))  # torch calls only write and flush
             except RuntimeError:
                 if sink.error is None:
                     raise
