@@ -1,12 +1,14 @@
 """Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed, ports
-for the daemons and ranks a test starts."""
+for the daemons and ranks a test starts, a scripted LM."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 
+import torch
 from omegaconf import DictConfig
 
 from ragen2.agent.episode import Episode, Turn
@@ -82,3 +84,29 @@ def rendezvous() -> Iterator[dict[str, str]]:
         }
     finally:
         del store
+
+
+class ScriptLM(torch.nn.Module):
+    """A deterministic LM: row i emits ``scripts[last prompt token of row i]`` token by token, then ``default``.
+
+    Its "cache" is the script state, handed back through ``past_key_values`` as the sampler threads it, so
+    any token may repeat inside a script. Use it with ``reuse_prefix=False`` (it holds no real keys/values).
+    """
+
+    def __init__(self, vocab_size: int, scripts: dict[int, list[int]], default: int) -> None:
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # so that next(parameters()) has a device
+        self.scripts, self.default, self.vocab_size = scripts, default, vocab_size
+
+    def forward(
+        self, input_ids: torch.Tensor, past_key_values: object = None, **_: object
+    ) -> SimpleNamespace:
+        state = past_key_values
+        if not isinstance(state, SimpleNamespace):  # first call of a batch: the whole (left-padded) prompt
+            state = SimpleNamespace(keys=input_ids[:, -1].tolist(), n=0)
+        script = [self.scripts.get(k, []) for k in state.keys]
+        nxt = [s[state.n] if state.n < len(s) else self.default for s in script]
+        state.n += 1
+        logits = torch.full((*input_ids.shape, self.vocab_size), -20.0)
+        logits[:, -1, :].scatter_(-1, torch.tensor(nxt)[:, None], 20.0)
+        return SimpleNamespace(logits=logits, past_key_values=state)

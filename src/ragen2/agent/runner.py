@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ragen2.agent.episode import ENV_TIMEOUT, Episode, Turn
 from ragen2.agent.parsing import ACTION_SEP, parse_turn
 from ragen2.agent.reasoning import reasoning_ids
-from ragen2.agent.render import ChatRenderer
+from ragen2.agent.render import ChatRenderer, check_chat_template
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
 from ragen2.log import log
 from ragen2.progress import bar
@@ -105,6 +105,7 @@ class EpisodeRunner:
         self.cfg = cfg
         self.params = params
         self.env_id = env_id
+        check_chat_template(tokenizer)  # before the first rollout: a history-rewriting template is refused
         special = {tokenizer.eos_token, tokenizer.pad_token}
         self._strip = tuple(s for s in special if s)
 

@@ -193,7 +193,15 @@ def check_token_contract(episodes: list[Episode], rec: Recorder, runner: Episode
 # ---- the token contract on real episodes ---------------------------------------------------------
 
 
-def test_token_contract_hf_sampler_tiny_model(tokenizer, tiny_model) -> None:
+# SmolLM2's tokenizer and 49k vocabulary; Qwen2.5's tokenizer, ChatML template and 151,936-row vocabulary
+TINY_MODELS = [("tokenizer", "tiny_model"), ("qwen_tokenizer", "tiny_qwen2")]
+
+
+@pytest.mark.parametrize(("tokenizer_fixture", "model_fixture"), TINY_MODELS)
+def test_token_contract_hf_sampler_tiny_model(
+    request: pytest.FixtureRequest, tokenizer_fixture: str, model_fixture: str
+) -> None:
+    tokenizer, tiny_model = request.getfixturevalue(tokenizer_fixture), request.getfixturevalue(model_fixture)
     runner = _runner(tokenizer, cfg=AgentConfig(max_turns=3), max_new_tokens=12)
     sampler = HFSampler(tokenizer, tiny_model)
     rec = Recorder(sampler)
@@ -219,7 +227,9 @@ def test_token_contract_hf_sampler_tiny_model(tokenizer, tiny_model) -> None:
 SCRIPTED = (*DEFAULT_RESPONSES, "Stuck.</think><answer>Down || Left</answer><|im_end|>")
 
 
-def test_token_contract_scripted_sampler(tokenizer) -> None:
+@pytest.mark.parametrize("tokenizer_fixture", [t for t, _ in TINY_MODELS])
+def test_token_contract_scripted_sampler(request: pytest.FixtureRequest, tokenizer_fixture: str) -> None:
+    tokenizer = request.getfixturevalue(tokenizer_fixture)
     runner = _runner(tokenizer, cfg=AgentConfig(max_turns=5))
     rec = Recorder(ScriptedSampler(tokenizer, SCRIPTED))
     episodes = runner.collect(rec, seeds=[2, 3, 1], group_size=3, sample_seed=0)
