@@ -36,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -251,7 +252,12 @@ def decode_steps(
 
 def decode(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
-    tokenizer = load_tokenizer("tiny")  # the SmolLM2 tokenizer and chat template
+    if args.shape:  # the shape's own tokenizer (Qwen2.5's for the Qwen shapes): its prompts' lengths
+        from bench_gpu import shape_tokenizer
+
+        tokenizer = shape_tokenizer(args.shape, Path(tempfile.mkdtemp(prefix="tokenizer-")))
+    else:
+        tokenizer = load_tokenizer(args.model)
     if args.shape:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model, name = random_model(args.shape, device, dtype), f"{args.shape} (random weights)"
