@@ -169,6 +169,98 @@ BAD = [
         r"model\.name_or_path='/nonexistent' is no folder \(nothing there\) and no hub name\. Fix: a local HF "
         r"model folder",
     ),
+    (["seed=-1"], r"^seed=-1 is outside 0 … 4294967295, the seeds numpy takes .*Fix: seed=0$"),
+    # numbers that are not finite: a comparison such as lr > 0 lets nan and inf through
+    (
+        ["rollout.temperature=nan"],
+        r"^rollout\.temperature=nan is not a finite number .*Fix: rollout\.temperature=1\.0$",
+    ),
+    (
+        ["rollout.temperature=inf"],
+        r"^rollout\.temperature=inf is not a finite number .*Fix: rollout\.temperature=1\.0$",
+    ),
+    (["algo.optim.lr=inf"], r"^algo\.optim\.lr=inf is not a finite number .*Fix: algo\.optim\.lr=1e-06$"),
+    (
+        ["algo.optim.weight_decay=inf"],
+        r"^algo\.optim\.weight_decay=inf is not a finite .*Fix: algo\.optim\.weight_decay=0\.01$",
+    ),
+    (
+        ["rollout.format_penalty=-inf"],
+        r"^rollout\.format_penalty=-inf is not a finite .*Fix: rollout\.format_penalty=-0\.1$",
+    ),
+    (
+        ["algo.optim.betas=[0.9,nan]"],
+        r"^algo\.optim\.betas=\[0\.9, nan\] holds a number that is not finite .*Fix: algo\.optim\.betas=\[0\.9, 0\.999\]$",
+    ),
+    (["filter.value=nan"], r"^filter\.value=nan is not a finite number .*Fix: filter\.value=0\.9$"),
+    (
+        ["algo=ppo", "algo.critic.lr=inf"],
+        r"^algo\.critic\.lr=inf is not a finite number .*Fix: algo\.critic\.lr=1e-05$",
+    ),
+    # env.kwargs against the options the env's constructor declares (ragen2_envs.options)
+    (
+        ["+env.kwargs.sucess_rate=0.5"],
+        r"^env\.kwargs\.sucess_rate=0\.5 is not an option of ragen2/FrozenLake-v0\. Fix: env\.kwargs\.success_rate=0\.5$",
+    ),
+    (
+        ["+env.kwargs.colour=red"],
+        r"^env\.kwargs\.colour='red' is not an option of .*Fix: one of size, p, success_rate,",
+    ),
+    (
+        ["env.kwargs.success_rate=2"],
+        r"^env\.kwargs\.success_rate=2 must be in \[0\.0, 1\.0\]\. Fix: env\.kwargs\.success_rate=",
+    ),
+    (["env.kwargs.size=-1"], r"^env\.kwargs\.size=-1 must be ≥ 2\. Fix: env\.kwargs\.size=4$"),
+    (["env.kwargs.p=0"], r"^env\.kwargs\.p=0 must be in \(0\.0, 1\.0\]\. Fix: env\.kwargs\.p=0\.9$"),
+    (
+        ["env.kwargs.size=abc"],
+        r"^env\.kwargs\.size='abc' is text, not an integer\. Fix: env\.kwargs\.size=4$",
+    ),
+    (
+        ["env.kwargs.observation=rgb"],
+        r"^env\.kwargs\.observation='rgb' is not one of grid, coord, grid_coord\. Fix",
+    ),
+    (
+        ["env=sokoban", "env.kwargs.num_boxes=0"],
+        r"^env\.kwargs\.num_boxes=0 must be ≥ 1\. Fix: env\.kwargs\.num_boxes=1$",
+    ),
+    (["env=bandit", "env.kwargs.split=val"], r"^env\.kwargs\.split='val' is not one of test, train\. Fix"),
+    (
+        ["env=searchqa", "env.kwargs.retriever=tfidf"],
+        r"^env\.kwargs\.retriever='tfidf' is not one of bm25, dense",
+    ),
+    (  # what only two options decide together, the constructor refuses when the env is first made
+        ["env=countdown", "env.kwargs.min_numbers=5"],
+        r"^env\.kwargs of ragen2/Countdown-v0: countdown min_numbers=5, max_numbers=4: need min_numbers <= "
+        r"max_numbers\. Fix: change the env\.kwargs named",
+    ),
+    # keys added with + that nothing reads
+    (
+        ["+foo=1"],
+        r"^foo=1 is not a key of ragen2-train's config\. Fix: one of seed, iterations, max_turns_cap,",
+    ),
+    (["+sede=1"], r"^sede=1 is not a key of ragen2-train's config\. Fix: seed=1$"),
+    (
+        ["+algo.max_token_per_micro_batch=1"],
+        r"^algo\.max_token_per_micro_batch=1 is not a setting\. Fix: algo\.max_tokens_per_micro_batch=1$",
+    ),
+    (
+        ["+trainer.max_epoch=3"],
+        r"^trainer\.max_epoch=3 is not an argument of lightning\.Trainer\. Fix: trainer\.max_epochs=3$",
+    ),
+    (
+        ["+rollout.sampler.max_batch_siz=8"],
+        r"^rollout\.sampler\.max_batch_siz=8 is not an argument of ragen2\.rollout\.hf\.HFSampler\. Fix: "
+        r"rollout\.sampler\.max_batch_size=8$",
+    ),
+    (  # Lightning's CSVLogger takes the keys ragen2's subclass passes on
+        ["+logger.csv.flush_logs_every_n_step=1"],
+        r"^logger\.csv\.flush_logs_every_n_step=1 is not an argument .*Fix: logger\.csv\.flush_logs_every_n_steps=1$",
+    ),
+    (
+        ["+callbacks.summary.every=2"],
+        r"^callbacks\.summary\.every=2 is not an argument .*Fix: remove callbacks\.summary\.every",
+    ),
 ]
 # a typo in a group name: Hydra's own error names the group, the value and the options there are
 TYPOS = [
@@ -289,6 +381,56 @@ def test_a_local_copy_under_ragen2_models_is_taken(monkeypatch: pytest.MonkeyPat
     node = OmegaConf.to_container(compose(["model=qwen2.5_0.5b"]).model, resolve=True)
     model = settings(ModelConfig, node, "model")
     assert model.name_or_path == str(tmp_path / "Qwen2.5-0.5B-Instruct")
+
+
+@pytest.mark.parametrize(
+    ("files", "said"),
+    [
+        ({"config.json": "{not json"}, r"holds a config\.json that is not JSON \(Expecting property name"),
+        ({"config.json": '{"hidden_size": 8}'}, r"holds a config\.json without model_type"),
+        ({"config.json": '{"model_type": "llama"}'}, r"holds no weights \(model\.safetensors, "),
+        (
+            {"config.json": '{"model_type": "llama"}', "model.safetensors": ""},
+            r"holds no tokenizer \(tokenizer\.json, ",
+        ),
+    ],
+    ids=["invalid-json", "no-model-type", "config-only", "no-tokenizer"],
+)
+def test_a_model_folder_that_cannot_load_is_one_line_at_start_up(
+    files: dict[str, str], said: str, no_model_loads: None, tmp_path: Path
+) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    with pytest.raises(
+        ValueError,
+        match=rf"^model\.name_or_path='{folder}' {said}.*not a model folder that loads\. Fix: the folder",
+    ) as err:
+        run(compose([f"model.name_or_path={folder}"], run_dir=str(tmp_path / "run")))
+    assert "\n" not in str(err.value)
+
+
+def test_the_plus_overrides_in_use_still_pass(tmp_path: Path) -> None:
+    from ragen2.config import validate
+
+    # a keyword for wandb.init, a loss's own argument, an env option the yaml leaves out, a new callback
+    validate(
+        compose(
+            [
+                "model=tiny",
+                "env=sokoban",
+                "logger=wandb",
+                "+logger.wandb.id=abc",
+                "algo.policy_loss._target_=poisoned.PoisonedLoss",
+                "+algo.policy_loss.calls=[0]",
+                "+env.kwargs.num_gen_steps=5",
+                "+callbacks.fault._target_=integration.checkpoint_faults.Sigterm",
+                "+callbacks.fault.iteration=0",
+            ],
+            run_dir=str(tmp_path),
+        )
+    )
 
 
 # nodes that are no mapping: text, and a list of pairs (which dict() would have read as one)
