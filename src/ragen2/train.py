@@ -39,11 +39,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
     finish_loggers(loggers)
     if trainer.is_global_zero:
         log.info("run folder: %s", cfg.run_dir)
-    metrics = dict(module.last_metrics)
+    metrics, stopped = dict(module.last_metrics), module.stopped
     # the trainer and the module reference each other: free the run's models now, not at the next full
     # collection (several runs in one process, as in a notebook or a benchmark, otherwise pile them up)
     del trainer, module, datamodule, callbacks, loggers
     gc.collect()
+    if stopped is not None:  # a run cut short is a failed job: one line, a non-zero status
+        raise stopped
     return metrics
 
 
