@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -334,14 +336,6 @@ def test_an_unwritable_checkpoint_folder_fails_at_start_up(no_model_loads: None,
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
-def test_a_read_only_checkpoint_folder_fails_at_start_up(no_model_loads: None, tmp_path: Path) -> None:
-    read_only = tmp_path / "read_only"
-    read_only.mkdir(mode=0o555)
-    with pytest.raises(ValueError, match=rf"{read_only} does not take new files \(Permission denied\)"):
-        run(compose(["model=tiny"], run_dir=str(read_only / "run")))
-
-
 def test_a_qwen_model_without_a_local_copy_says_how_to_get_one(
     no_model_loads: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -480,3 +474,154 @@ def test_the_environment_defaults_leave_wandb_to_the_config_and_hub_downloads_to
     monkeypatch.setattr(os, "environ", {"HF_HUB_OFFLINE": "0"})
     set_defaults()
     assert os.environ["TRANSFORMERS_OFFLINE"] == "0"
+
+
+# ---- the run folder -----------------------------------------------------------------------------------
+RUN = ["model=tiny", "rollout=scripted", "trainer.limit_val_batches=0", "~callbacks.curves"]
+
+
+def _iterations(run_dir: Path) -> list[int]:
+    import csv
+
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as f:
+        return [int(float(r["train/iteration"])) for r in csv.DictReader(f) if r.get("train/iteration")]
+
+
+def test_a_run_folder_holding_a_run_is_continued_only_when_ckpt_path_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from ragen2.config import ConfigError
+
+    for key in ("SLURM_JOB_ID", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(key, raising=False)
+    run_dir = tmp_path / "run"
+    run(compose([*RUN, "iterations=1"], run_dir=str(run_dir)))
+    metrics = (run_dir / "csv" / "metrics.csv").read_bytes()
+    elsewhere = tmp_path / "elsewhere.ckpt"
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", elsewhere)
+    refusals = [
+        ([], "ckpt_path=auto does not continue it"),  # the same command twice
+        (["ckpt_path=null"], "ckpt_path=null does not continue it"),
+        ([f"ckpt_path={elsewhere}"], f"ckpt_path={re.escape(str(elsewhere))} is another run's"),
+    ]
+    for overrides, said in refusals:
+        with pytest.raises(
+            ConfigError,
+            match=rf"^run_dir={run_dir} already holds a run \(csv/metrics\.csv with 1 row; checkpoints/last\.ckpt\), "
+            rf"and {said}: a new run there would write over its metrics\. Fix: a new folder for a new run "
+            r"\(hydra\.run\.dir=<folder>; --multirun: hydra\.sweep\.dir=<folder>\), or ckpt_path=last",
+        ):
+            run(compose([*RUN, "iterations=2", *overrides], run_dir=str(run_dir)))
+        assert (run_dir / "csv" / "metrics.csv").read_bytes() == metrics  # nothing lost
+    run(compose([*RUN, "iterations=2", "ckpt_path=last"], run_dir=str(run_dir)))  # continued: appended
+    assert _iterations(run_dir) == [0, 1]
+
+
+def test_which_ckpt_path_continues_the_run_in_its_folder(tmp_path: Path) -> None:
+    from ragen2.run_folder import continues, held_run
+
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    assert held_run(run_dir, checkpoints) is None
+    (run_dir / "csv").mkdir(parents=True)
+    (run_dir / "csv" / "metrics.csv").write_text("step,train/iteration\n")
+    assert held_run(run_dir, checkpoints) is None  # a header and no row: nothing logged yet
+    (run_dir / "csv" / "metrics.csv").write_text("step,train/iteration\n0,0\n1,1\n")
+    assert held_run(run_dir, checkpoints) == "csv/metrics.csv with 2 rows"
+    # a requeued job that saved no checkpoint yet starts over its own attempt; nothing else continues
+    assert continues("auto", run_dir, checkpoints, restartable=True)
+    assert not continues("auto", run_dir, checkpoints, restartable=False)
+    assert not continues("last", run_dir, checkpoints, restartable=True)
+    assert not continues("hpc", run_dir, checkpoints, restartable=True)
+    checkpoints.mkdir()
+    (checkpoints / "last.ckpt").write_bytes(b"")
+    (run_dir / "hpc_ckpt_3.ckpt").write_bytes(b"")
+    assert held_run(run_dir, checkpoints) == "csv/metrics.csv with 2 rows; checkpoints/last.ckpt"
+    assert continues("last", run_dir, checkpoints, restartable=False)
+    assert continues("hpc", run_dir, checkpoints, restartable=False)
+    assert continues(str(checkpoints / "last.ckpt"), run_dir, checkpoints, restartable=False)
+    assert not continues(str(tmp_path / "other" / "last.ckpt"), run_dir, checkpoints, restartable=False)
+
+
+def _first_run(run_dir: Path) -> dict[Path, bytes]:
+    """A folder as a finished run leaves it (its config record, a metrics row), and its files' bytes."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (run_dir / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (run_dir / "csv").mkdir()
+    (run_dir / "csv" / "metrics.csv").write_text("step,train/iteration\n0,0\n")
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def _cli_error(args: list[str], cwd: Path) -> str:
+    """The one line ``ragen2-train <args>`` prints as it fails."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "ragen2.train", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_the_command_line_refuses_a_used_folder_before_hydra_writes_into_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    before = _first_run(run_dir)
+    line = _cli_error([f"hydra.run.dir={run_dir}", "seed=3"], tmp_path)
+    assert line.startswith(
+        f"ragen2-train: run_dir={run_dir} already holds a run (csv/metrics.csv with 1 row)"
+    )
+    # the first run's record is as it was: Hydra wrote neither its config nor a log
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+    sweep = tmp_path / "sweep"
+    job = _first_run(sweep / "1")
+    line = _cli_error(["--multirun", f"hydra.sweep.dir={sweep}", "seed=0,1"], tmp_path)
+    assert line.startswith(f"ragen2-train: run_dir={sweep / '1'} already holds a run")
+    assert {p: p.read_bytes() for p in (sweep / "1").rglob("*") if p.is_file()} == job
+    assert not (sweep / "0").exists() and not (sweep / "multirun.yaml").exists()
+
+
+@contextlib.contextmanager
+def _read_only(folder: Path) -> Iterator[str]:
+    """``folder`` made read-only for this process, yielding how: root ignores permission bits, so for root
+    the folder is made immutable (``chattr +i``, which binds root too)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield "Permission denied"
+        finally:
+            folder.chmod(0o755)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(folder)]).returncode:
+        pytest.skip("as root, a read-only folder needs chattr +i, which is missing or unsupported here")
+    try:
+        yield "Operation not permitted"
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_run_folder_is_one_line_before_hydra_writes_into_it(
+    no_model_loads: None, tmp_path: Path
+) -> None:
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    with _read_only(read_only) as refused:
+        said = rf"cannot be written: {read_only} does not take new files \({refused}\)\. Fix: "
+        with pytest.raises(ValueError, match=rf"^run_dir={read_only / 'run'} {said}run_dir="):
+            run(compose(["model=tiny"], run_dir=str(read_only / "run")))
+        line = _cli_error([f"hydra.run.dir={read_only / 'run'}"], tmp_path)
+        assert re.fullmatch(rf"ragen2-train: run_dir={read_only / 'run'} {said}.*hydra\.run\.dir=.*", line), (
+            line
+        )
+        line = _cli_error(["--multirun", f"hydra.sweep.dir={read_only / 'sweep'}", "seed=0,1"], tmp_path)
+        assert re.fullmatch(
+            rf"ragen2-train: hydra\.sweep\.dir={read_only / 'sweep'} {said}hydra\.sweep.*", line
+        )

@@ -139,13 +139,20 @@ def one_line_errors(prog: str) -> Callable[[Callable[[DictConfig], R]], Callable
             try:
                 return task(cfg)
             except ConfigError as err:
-                if HydraConfig.get().mode == RunMode.MULTIRUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                if HydraConfig.get().mode == RunMode.MULTIRUN:
                     raise
-                sys.exit(f"{prog}: {err}")  # SystemExit passes Hydra's run_job, which catches Exception
+                exit_one_line(prog, err)  # SystemExit passes Hydra's run_job, which catches Exception
 
         return run_task
 
     return decorate
+
+
+def exit_one_line(prog: str, err: ConfigError) -> typing.NoReturn:
+    """End the process with ``<prog>: <err>`` on stderr and status 1 (``HYDRA_FULL_ERROR=1``: raise ``err``)."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    sys.exit(f"{prog}: {err}")
 
 
 class JobErrors(Callback):
@@ -374,7 +381,7 @@ def validate(cfg: DictConfig) -> None:
     _check_ranks(cfg)
     _check_precision(cfg)
     _check_master_weights(cfg)
-    _check_writable(cfg)
+    check_writable(cfg)
     _check_target_types(cfg)  # last: it imports the targets' modules
 
 
@@ -636,16 +643,18 @@ def _check_ranks(cfg: DictConfig) -> None:
         )
 
 
-def _check_writable(cfg: DictConfig) -> None:
-    """The run folder and the checkpoint folder must be creatable and writable now, not when iteration 0
-    ends. Nothing is created here: the nearest folder that exists is tried with a temporary file."""
+def check_writable(cfg: DictConfig, folders: Iterable[tuple[str, str | Path]] | None = None) -> None:
+    """The folders a run writes (by default the run folder and the checkpoint folder; else ``folders``,
+    key -> folder) must be creatable and writable now, not when iteration 0 ends. Nothing is created here:
+    the nearest folder that exists is tried with a temporary file."""
     from ragen2.resume import checkpoint_dir  # resume imports this module
 
-    folders = [("run_dir", str(cfg.run_dir))]
-    if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
-        folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
+    if folders is None:
+        folders = [("run_dir", str(cfg.run_dir))]
+        if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
+            folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
     for key, folder in folders:
-        if "://" in folder:  # a remote store (fsspec): Lightning's to reach
+        if "://" in str(folder):  # a remote store (fsspec): Lightning's to reach
             continue
         problem = _unwritable(Path(folder).expanduser().absolute())
         if problem:

@@ -12,6 +12,7 @@ from omegaconf import DictConfig  # noqa: E402
 from ragen2.config import CONF_DIR, build, check_batch, command_line, one_line_errors, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
 from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
+from ragen2.run_folder import check_run_folder  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -25,6 +26,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     from ragen2.loggers import finish as finish_loggers  # Lightning: not imported for --help, --version
 
     quiet_lightning()
+    check_run_folder(cfg)  # a folder holding another run is continued only when ckpt_path says so
     ckpt_path = run_ckpt_path(cfg)  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/resume.py)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data)
