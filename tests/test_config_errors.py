@@ -260,6 +260,10 @@ BAD = [
         r"^logger\.csv\.flush_logs_every_n_step=1 is not an argument .*Fix: logger\.csv\.flush_logs_every_n_steps=1$",
     ),
     (
+        ["ckpt_path=hpc"],
+        r"^ckpt_path=hpc: there is no hpc_ckpt_<n>\.ckpt in .* and this is no SLURM job .*Fix: ckpt_path=last",
+    ),
+    (
         ["+callbacks.summary.every=2"],
         r"^callbacks\.summary\.every=2 is not an argument .*Fix: remove callbacks\.summary\.every",
     ),
@@ -625,3 +629,92 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes_into_it(
         assert re.fullmatch(
             rf"ragen2-train: hydra\.sweep\.dir={read_only / 'sweep'} {said}hydra\.sweep.*", line
         )
+
+
+# ---- resuming: the checkpoint against the settings the run is given ----------------------------------------
+@pytest.fixture(scope="module")
+def grpo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A FrozenLake GRPO run's last.ckpt, one iteration of the tiny model."""
+    run_dir = tmp_path_factory.mktemp("grpo")
+    run(compose([*RUN, "iterations=1", "algo.optim.lr=1e-3"], run_dir=str(run_dir)))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def _other_shapes(tmp_path: Path) -> Path:
+    """A model folder like the tiny model's but half as wide: a model of other shapes."""
+    import json
+    import shutil
+
+    from ragen2.models.loading import resolve_model_path
+
+    folder = Path(shutil.copytree(resolve_model_path("tiny"), tmp_path / "narrow"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 32, "intermediate_size": 64}))
+    return folder
+
+
+def test_a_checkpoint_that_cannot_continue_is_one_line_before_a_model_loads(
+    grpo_checkpoint: Path, no_model_loads: None, tmp_path: Path
+) -> None:
+    import torch
+
+    from ragen2.config import ConfigError
+
+    with_critic = tmp_path / "with_critic.ckpt"  # as a PPO run's: a value head beside the policy
+    state = torch.load(grpo_checkpoint, weights_only=True)
+    state["state_dict"]["critic.head.weight"] = torch.zeros(1, 64)
+    torch.save({**state, "ragen2": {**state["ragen2"], "algo": "ppo"}}, with_critic)
+    narrow = _other_shapes(tmp_path)
+    cases = [
+        (
+            [f"ckpt_path={grpo_checkpoint}", "env=sokoban"],
+            r"continues a run on env\.id=ragen2/FrozenLake-v0, and this run sets env\.id=ragen2/Sokoban-v0: .*"
+            r"Fix: the checkpoint's env \(env\.id=ragen2/FrozenLake-v0\), or ckpt_path=null",
+        ),
+        (
+            [f"ckpt_path={grpo_checkpoint}", "algo=ppo"],
+            r"holds no critic \(its run: algo=grpo\), and algo=ppo trains a value head: .*Fix: algo=grpo, or",
+        ),
+        (
+            [f"ckpt_path={with_critic}"],
+            r"holds a value head \(its run: algo=ppo\), and algo=grpo trains no critic: .*Fix: algo=ppo, or",
+        ),
+        (
+            [f"ckpt_path={grpo_checkpoint}", f"model.name_or_path={narrow}"],
+            rf"holds the weights of another model than model\.name_or_path={narrow} \(\d+ tensors differ, e\.g\. "
+            r"policy\.\S+: \[\d+, 64\] there, \[\d+, 32\] here\)\. Fix: model\.name_or_path=tiny \(the checkpoint's\)",
+        ),
+    ]
+    for n, (overrides, said) in enumerate(cases):
+        with pytest.raises(ConfigError, match=rf"^ckpt_path=\S+ {said}") as err:
+            run(compose(["model=tiny", *overrides], run_dir=str(tmp_path / f"run{n}")))
+        assert "\n" not in str(err.value)
+
+
+def test_a_resume_with_other_settings_warns_once_per_setting(
+    grpo_checkpoint: Path, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    from ragen2.checkpoint_fit import check_resume
+
+    cfg = compose(
+        ["model=tiny", "algo=dapo", "algo.optim.lr=1e-5", "rollout.temperature=0.7", "env.kwargs.size=5"],
+        run_dir=str(tmp_path),
+    )
+    check_resume(cfg, str(grpo_checkpoint))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    where = f"ckpt_path={grpo_checkpoint}: "
+    assert all(w.startswith(where) and "\n" not in w for w in warned), warned
+    said = sorted(w[len(where) :] for w in warned)
+    assert said == sorted(
+        [
+            "algo.optim.lr=1e-05 here, 0.001 in the checkpoint; the resumed optimizer keeps 0.001 (its state and "
+            "schedule are restored). Fix: ckpt_path=null in a new run folder to train with 1e-05",
+            "algo=dapo here, grpo in the checkpoint's run",
+            "env.kwargs.size=5 here, 4 in the checkpoint's run; continuing with 5",
+            "rollout.max_new_tokens=48 here, 64 in the checkpoint's run; continuing with 48",
+            "rollout.temperature=0.7 here, 1.0 in the checkpoint's run; continuing with 0.7",
+        ]
+    ), said
+    caplog.clear()
+    check_resume(compose([*RUN, "algo.optim.lr=1e-3"], run_dir=str(tmp_path)), str(grpo_checkpoint))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # the run's own settings: silent

@@ -23,11 +23,14 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     import lightning as L
 
-    from ragen2.loggers import finish as finish_loggers  # Lightning: not imported for --help, --version
+    from ragen2.checkpoint_fit import check_resume  # torch and Lightning: not imported for --help, --version
+    from ragen2.loggers import finish as finish_loggers
 
     quiet_lightning()
     check_run_folder(cfg)  # a folder holding another run is continued only when ckpt_path says so
     ckpt_path = run_ckpt_path(cfg)  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/resume.py)
+    if ckpt_path is not None:  # another env, model or critic refused; other changed settings warned
+        check_resume(cfg, ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data)
     module = build(cfg.module)

@@ -137,7 +137,7 @@ class PolicyModule(L.LightningModule):
             del weights[key]
         # every rank calls this hook (rank 0 writes): gather each rank's RNG states
         state = self.run_state.state_dict(Ranks.current())
-        checkpoint[KEY] = {**state, "model": asdict(self.model_cfg)}
+        checkpoint[KEY] = {**state, "model": asdict(self.model_cfg), "algo": self.algo.name}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         for change in migrate(checkpoint):
