@@ -78,8 +78,9 @@ def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
 
 
 def _plain(node: Any) -> dict[str, Any]:
+    """A config node's values, resolved, as a plain dict."""
     container = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-    return dict(container or {})  # pyright: ignore[reportArgumentType]  # a mapping node: a dict
+    return {str(k): v for k, v in (container or {}).items()} if isinstance(container, Mapping) else {}
 
 
 def _leaves(values: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:

@@ -652,7 +652,7 @@ def check_writable(cfg: DictConfig, folders: Iterable[tuple[str, str | Path]] | 
     if folders is None:
         folders = [("run_dir", str(cfg.run_dir))]
         if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
-            folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
+            folders += [("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg)))]
     for key, folder in folders:
         if "://" in str(folder):  # a remote store (fsspec): Lightning's to reach
             continue

@@ -87,7 +87,7 @@ def check_run_folder(cfg: DictConfig, environ: Mapping[str, str] = os.environ) -
 
 def _job_config(config: DictConfig, run_dir: Path) -> DictConfig:
     """``config`` (a Hydra callback's, with its ``hydra`` node) as a job in ``run_dir`` sees it."""
-    job = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    job = OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"])
     with open_dict(job):
         job.run_dir = str(run_dir)
     return job
