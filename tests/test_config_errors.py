@@ -718,3 +718,24 @@ def test_a_resume_with_other_settings_warns_once_per_setting(
     caplog.clear()
     check_resume(compose([*RUN, "algo.optim.lr=1e-3"], run_dir=str(tmp_path)), str(grpo_checkpoint))
     assert not [r for r in caplog.records if r.levelname == "WARNING"]  # the run's own settings: silent
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["+env.kwargs.sucess_rate=0.5"],
+            "env.kwargs.sucess_rate=0.5 is not an option of ragen2/FrozenLake-v0. Fix: ",
+        ),
+        (["seed=-1"], "seed=-1 is outside 0 … 4294967295"),
+        (["model.name_or_path={config_only}"], "model.name_or_path='{config_only}' holds no weights"),
+    ],
+    ids=["env-option", "seed", "model-folder"],
+)
+def test_the_command_line_says_it_in_one_line(overrides: list[str], said: str, tmp_path: Path) -> None:
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text('{"model_type": "llama"}')
+    args = [o.format(config_only=config_only) for o in overrides]
+    line = _cli_error(["model=tiny", f"hydra.run.dir={tmp_path / 'run'}", *args], tmp_path)
+    assert line.startswith(f"ragen2-train: {said.format(config_only=config_only)}"), line

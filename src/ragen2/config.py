@@ -382,6 +382,7 @@ def validate(cfg: DictConfig) -> None:
     _check_precision(cfg)
     _check_master_weights(cfg)
     check_writable(cfg)
+    _check_env_and_model(cfg)
     _check_target_types(cfg)  # last: it imports the targets' modules
 
 
@@ -545,6 +546,21 @@ def _parameters(target: str) -> tuple[dict[str, Any], dict[str, Any], bool] | No
     }
     hints = {k: v for k, v in hints.items() if k in defaults}
     return hints, defaults, inspect.Parameter.VAR_KEYWORD in kinds
+
+
+def _check_env_and_model(cfg: DictConfig) -> None:
+    """``env`` (its options against what the env declares) and ``model`` (a source that loads here) as the
+    objects their consumers build, before Lightning starts."""
+    from ragen2.data.rollout_config import EnvConfig
+    from ragen2.models.loading import ModelConfig
+
+    for key, cls in (("env", EnvConfig), ("model", ModelConfig)):
+        try:
+            settings(cls, OmegaConf.to_container(cfg[key], resolve=True), key)
+        except ConfigError:
+            raise
+        except ValueError as err:  # a check that names its key (env.max_turns=0 …), as build() passes it on
+            raise ConfigError(str(err)) from None
 
 
 def _check_temperature(cfg: DictConfig) -> None:
