@@ -14,7 +14,7 @@ episodes of 2 turns. Strategies: ``gpu`` (one device,
 
 Each run is its own process (a clean CUDA context and process group). Reported from the run's own
 ``perf/*`` and ``time/*`` metrics: rollout and update seconds, sampled and trained tokens per second,
-each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writes bench/results/gpu.json
+each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writes bench/results/gpu_bench.json
 (or --out) and prints a table.
 
   python bench/bench_gpu.py [--runs smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:fsdp]
@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from provenance import provenance
 
 # (transformers config class, keyword arguments): the published shapes, random weights
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -180,7 +182,7 @@ def main() -> None:
         "--runs", default="smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:gpu"
     )
     parser.add_argument("--extra", default="", help="overrides added to every run, comma-separated")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu.json"))
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu_bench.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -197,6 +199,7 @@ def main() -> None:
                 f"of {sorted(WORKLOADS)}, strategy one of {sorted(STRATEGIES)}"
             )
     info = {
+        "provenance": provenance(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "extra": args.extra,
@@ -224,6 +227,9 @@ def main() -> None:
             out.write_text(json.dumps({**info, "runs": rows}, indent=2))
     print(f"\n{info['device']}, torch {info['torch']}\n")
     print(table(rows))
+    failed = [f"{r['model']}:{r['workload']}:{r['strategy']}" for r in rows if "error" in r]
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (their tracebacks are above and in {args.out})")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed."""
+"""Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed, ports
+for the daemons and ranks a test starts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import socket
+from collections.abc import Iterator, Sequence
 
 from omegaconf import DictConfig
 
@@ -50,3 +53,32 @@ def episode(group: int, turns: Sequence[Turn], sample: int = 0, seed: int | None
 def env_conf(name: str) -> DictConfig:
     """``conf/env/<name>.yaml`` as the training config composes it, with the env's own turn limit."""
     return compose([f"env={name}", "max_turns_cap=null"]).env
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports the OS found free on every interface, all bound at once (so none is picked as
+    another's neighbour by chance) and released for a daemon to bind. One can still be taken in between:
+    a caller that can retry on a failed start should."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+@contextlib.contextmanager
+def rendezvous() -> Iterator[dict[str, str]]:
+    """The environment under which ranks started inside the block meet (``init_process_group``, env://) at a
+    TCPStore this process holds on a port the OS chose: every rank joins it as a client (torchelastic's agent
+    store), so no port is released and bound again in between."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+    finally:
+        del store

@@ -5,7 +5,7 @@ from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
 from ragen2.data.datamodule import RolloutDataModule
 from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
 from ragen2.data.group_filter import GroupFilter
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.metrics import group_metrics, rollout_metrics
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.sampling import DynamicSampling
 from ragen2.data.shaping import OverlongShaping
@@ -22,6 +22,7 @@ __all__ = [
     "by_group",
     "collate_episodes",
     "evaluate",
+    "group_metrics",
     "heldout_seeds",
     "pass_at_k",
     "rollout_metrics",

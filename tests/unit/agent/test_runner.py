@@ -234,6 +234,23 @@ def test_token_contract_scripted_sampler(tokenizer) -> None:
     assert all(m.oracle is not None for call in rec.calls[:1] for m in call.meta)
 
 
+def test_each_group_is_handed_over_once_as_soon_as_it_has_ended(tokenizer) -> None:
+    runner = _runner(tokenizer, cfg=AgentConfig(max_turns=5))
+    rec = Recorder(ScriptedSampler(tokenizer, SCRIPTED))
+    handed: list[tuple[int, int, list[str]]] = []  # (sampler calls so far, seed, end reasons)
+
+    def done(group: list) -> None:
+        handed.append((len(rec.calls), group[0].seed, [ep.end_reason for ep in group]))
+
+    episodes = runner.collect(rec, seeds=[2, 3, 1], group_size=3, sample_seed=0, group_done=done)
+    assert sorted(seed for _, seed, _ in handed) == [1, 2, 3]  # each group once
+    for calls, seed, reasons in handed:
+        group = [ep for ep in episodes if ep.seed == seed]
+        assert all(reasons) and calls == max(len(ep.turns) for ep in group)  # right after its last turn
+    assert [calls for calls, _, _ in handed] == sorted(calls for calls, _, _ in handed)
+    assert len({calls for calls, _, _ in handed}) > 1  # some groups were handed over before others ended
+
+
 @pytest.mark.parametrize("env_id", list(ragen2_envs.ENV_IDS))
 def test_every_rollout_of_a_group_sees_the_same_first_prompt(tokenizer, env_id: str) -> None:
     # DeepCoder runs a sandbox on every answer: give it responses with no answer (no env step)

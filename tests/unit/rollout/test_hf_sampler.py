@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -461,3 +462,20 @@ def test_stop_strings_are_decoded_only_for_tokens_that_could_end_one(tokenizer, 
     sampled = sum(len(s.ids) for s in out)
     assert sampled == 3 * 12
     assert counting.decodes <= 2  # 36 draws from a near-uniform 49k-way distribution
+
+
+@pytest.mark.parametrize("decode_step", ["eager", "static"])
+def test_mixed_precision_decoding_across_turns(tokenizer, tiny_model, prompts, decode_step: str) -> None:
+    """Under the trainer's bf16 autocast (trainer=gpu), rotary keys come out in fp32 and values in bf16:
+    the held caches and the preallocated buffers take both in the autocast dtype, across a group's shared
+    prefill and a second turn on held prefixes, with the fixed-shape step (a CUDA graph's) and the eager one.
+    (The fixed-shape step once failed here with a dtype mismatch in index_copy_.)"""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, stop=())
+    group = [prompts[0], prompts[0], prompts[1]]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sampler = HFSampler(tokenizer, tiny_model, decode_step=decode_step)
+        turn1 = sampler.generate(group, params, seed=1)
+        nxt = [_next_turn(tokenizer, p, s.ids, "again") for p, s in zip(group, turn1)]
+        turn2 = sampler.generate(nxt, params, seed=2)
+    for s in turn1 + turn2:
+        assert len(s.ids) == 6 and all(math.isfinite(x) for x in s.logprobs)
