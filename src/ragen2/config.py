@@ -381,7 +381,7 @@ def validate(cfg: DictConfig) -> None:
     _check_ranks(cfg)
     _check_precision(cfg)
     _check_master_weights(cfg)
-    check_writable(cfg)
+    check_writable(run_folders(cfg))
     _check_env_and_model(cfg)
     _check_target_types(cfg)  # last: it imports the targets' modules
 
@@ -474,11 +474,11 @@ def _check_target_types(cfg: DictConfig) -> None:
             continue
         hints, defaults, takes_any = signature
         for name in node:
+            if name in _HYDRA_KEYS:
+                continue
             child = node._get_node(name)
             assert child is not None  # name is one of the node's own keys
             raw = child._value()
-            if name in _HYDRA_KEYS:
-                continue
             if name not in defaults and not takes_any:
                 raise unknown_key(f"{path}{name}", raw, defaults, f"an argument of {target}")
             if not target.startswith("ragen2.") or name not in hints:
@@ -659,16 +659,19 @@ def _check_ranks(cfg: DictConfig) -> None:
         )
 
 
-def check_writable(cfg: DictConfig, folders: Iterable[tuple[str, str | Path]] | None = None) -> None:
-    """The folders a run writes (by default the run folder and the checkpoint folder; else ``folders``,
-    key -> folder) must be creatable and writable now, not when iteration 0 ends. Nothing is created here:
-    the nearest folder that exists is tried with a temporary file."""
+def run_folders(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The folders a training run writes, by the key that sets each: the run folder and the checkpoint folder."""
     from ragen2.resume import checkpoint_dir  # resume imports this module
 
-    if folders is None:
-        folders = [("run_dir", str(cfg.run_dir))]
-        if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
-            folders += [("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg)))]
+    folders = [("run_dir", str(cfg.run_dir))]
+    if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
+        folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
+    return folders
+
+
+def check_writable(folders: Iterable[tuple[str, str | Path]]) -> None:
+    """Each folder (key -> folder) must be creatable and writable now, not when iteration 0 ends. Nothing is
+    created here: the nearest folder that exists is tried with a temporary file."""
     for key, folder in folders:
         if "://" in str(folder):  # a remote store (fsspec): Lightning's to reach
             continue

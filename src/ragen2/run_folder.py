@@ -23,16 +23,15 @@ for runs started from Python.
 from __future__ import annotations
 
 import csv
-import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ragen2.config import ConfigError, check_writable, exit_one_line
+from ragen2.config import ConfigError, check_writable, exit_one_line, run_folders
 from ragen2.resume import AUTO, HPC, LAST, checkpoint_dir, hpc_checkpoint, last_checkpoints, restartable_job
 
 METRICS = Path("csv") / "metrics.csv"
@@ -69,12 +68,14 @@ def continues(value: Any, run_dir: Path, checkpoints: Path, restartable: bool) -
     return any(folder.absolute() in path.parents for folder in (run_dir, checkpoints))
 
 
-def check_run_folder(cfg: DictConfig, environ: Mapping[str, str] = os.environ) -> None:
-    """Refuse to start a run in a folder that holds another run, unless ``ckpt_path`` continues that run."""
+def check_run_folder(cfg: DictConfig, restartable: bool | None = None) -> None:
+    """Refuse to start a run in a folder that holds another run, unless ``ckpt_path`` continues that run
+    (``restartable``: the run is a job restarted in place; by default, whether this process is one)."""
     run_dir, checkpoints = Path(str(cfg.run_dir)).expanduser().absolute(), checkpoint_dir(cfg)
     held = held_run(run_dir, checkpoints)
     value = cfg.get("ckpt_path")
-    if held is None or continues(value, run_dir, checkpoints, restartable_job(environ)):
+    in_place = restartable_job() if restartable is None else restartable
+    if held is None or continues(value, run_dir, checkpoints, in_place):
         return
     named = "null" if value is None else value
     how = "does not continue it" if value is None or str(value) in (AUTO, LAST, HPC) else "is another run's"
@@ -98,24 +99,24 @@ class RunFolder(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         job = _job_config(config, Path(str(config.hydra.run.dir)).absolute())
-        self._check(config, lambda: (check_writable(job), check_run_folder(job)))
+        _one_line(config, lambda: (check_writable(run_folders(job)), check_run_folder(job)))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(str(config.hydra.sweep.dir)).absolute()
         # jobs of a submitit launcher are restarted in place (ckpt_path=auto resumes them); others are not
         restartable = "submitit" in str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
-        environ = {"SUBMITIT_EXECUTOR": "sweep"} if restartable else {}
 
         def check() -> None:
-            check_writable(_job_config(config, sweep), (("hydra.sweep.dir", sweep),))
+            check_writable([("hydra.sweep.dir", sweep)])
             for folder in sorted(p for p in sweep.iterdir() if p.is_dir()) if sweep.is_dir() else []:
-                check_run_folder(_job_config(config, folder), environ)
+                check_run_folder(_job_config(config, folder), restartable)
 
-        self._check(config, check)
+        _one_line(config, check)
 
-    @staticmethod
-    def _check(config: DictConfig, check: Callable[[], object]) -> None:
-        try:
-            check()
-        except ConfigError as err:
-            exit_one_line(str(OmegaConf.select(config, "hydra.help.app_name", default=sys.argv[0])), err)
+
+def _one_line(config: DictConfig, check: Callable[[], object]) -> None:
+    """Run ``check``; its ``ConfigError`` ends the program with one line, before Hydra writes anything."""
+    try:
+        check()
+    except ConfigError as err:
+        exit_one_line(str(OmegaConf.select(config, "hydra.help.app_name", default=sys.argv[0])), err)
