@@ -33,8 +33,9 @@ _GROUP_KEYS = {"lr": "initial_lr", "weight_decay": "weight_decay", "grad_clip": 
 
 
 def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
-    """Refuse a checkpoint the configured run cannot continue from; warn on each setting that differs."""
-    state = read_checkpoint(ckpt_path, key="ckpt_path")
+    """Refuse a checkpoint the configured run cannot continue from; warn on each setting that differs
+    (``ckpt_path``: as ``ragen2.resume`` resolved it, a file that loads with finite weights)."""
+    state = read_checkpoint(ckpt_path, key="ckpt_path", finite=False)  # mapped: no weight is read here
     where = f"ckpt_path={ckpt_path}"
     data, run = state.get("RolloutDataModule") or {}, state.get(KEY) or {}
     env = _plain(cfg.env)
