@@ -248,8 +248,8 @@ def test_export_replaces_nothing_it_was_not_asked_to(
     config_only.mkdir()
     (config_only / "config.json").write_bytes((Path(resolve_model_path("tiny")) / "config.json").read_bytes())
     line = _refused(capsys, str(ckpt), str(tmp_path / "new"), "--model", str(config_only))
-    assert (
-        line.startswith(f"ragen2-export: --model={config_only} cannot be loaded (") and "Fix: --model" in line
+    assert line.startswith(f"ragen2-export: model.name_or_path='{config_only}' holds no weights (") and (
+        "Fix: the folder save_pretrained wrote" in line
     )
     assert not (tmp_path / "new").exists()
     # an empty folder is filled; with --overwrite a full one is replaced as a whole, through a folder beside it

@@ -59,20 +59,31 @@ def test_two_iterations_update_the_policy_through_the_task_gradient(train, tmp_p
     assert len(lines) == 2 * 4 * 4
 
 
-def test_iteration_with_nothing_kept_performs_no_update(train, tmp_path: Path) -> None:
+def test_iteration_with_nothing_kept_performs_no_update_and_the_stop_fails_the_run(
+    train, tmp_path: Path
+) -> None:
+    from ragen2.modules.policy import RunStopped
+
     # one canned response: every rollout of a group earns the same return, every group scores
-    # reward std 0, and top_p (include_zero false) keeps nothing
-    _, cfg = train(
-        [
-            "iterations=2",
-            "rollout.sampler.responses=['plan</think><answer>Left</answer>']",
-            "algo.max_empty_iterations=2",
-        ]
-    )
-    rows = [r for r in _metric_rows(Path(cfg.run_dir)) if r.get("train/iteration")]
+    # reward std 0, and top_p (include_zero false) keeps nothing; two such iterations stop the run of three
+    with pytest.raises(
+        RunStopped,
+        match=r"^algo\.max_empty_iterations=2: the filter kept no group in 2 iterations in a row \(iterations "
+        r"0–1: .*\), so the run stopped after iteration 1\. Fix: .*algo\.max_empty_iterations=0",
+    ) as stopped:
+        train(
+            [
+                "iterations=3",
+                "rollout.sampler.responses=['plan</think><answer>Left</answer>']",
+                "algo.max_empty_iterations=2",
+            ]
+        )
+    assert "\n" not in str(stopped.value)
+    run_dir = tmp_path / "run"  # its files are written before the error
+    rows = [r for r in _metric_rows(run_dir) if r.get("train/iteration")]
     assert [float(r["filter/skipped"]) for r in rows] == [1.0, 1.0]
     assert all(r.get("train/optimizer_steps", "") == "" for r in rows)
-    weights = _policy_weights(Path(cfg.run_dir) / "checkpoints" / "last.ckpt")
+    weights = _policy_weights(run_dir / "checkpoints" / "last.ckpt")
     from ragen2.models.loading import load_model
 
     init = load_model("tiny").state_dict()

@@ -25,6 +25,7 @@ a ``conf/model/qwen2.5_*`` name under ``RAGEN2_MODELS=<folder>`` finds its copy 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -173,7 +174,7 @@ def load_tokenizer(name_or_path: str):  # -> PreTrainedTokenizerBase
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
-        raise ValueError(
+        raise ConfigError(
             f"model.name_or_path={name_or_path!r} has no chat template; the agent protocol renders prompts "
             "through it. Fix: use an instruct/chat model or add a chat_template to its tokenizer_config.json."
         )
@@ -188,18 +189,53 @@ def _check_dtype(dtype: str) -> None:
         raise ValueError(f"model.dtype={dtype!r} is not supported. Fix: one of {', '.join(sorted(_DTYPES))}")
 
 
+#: the weight files ``from_pretrained`` reads from a folder (one file, or the index of its shards)
+_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+#: a tokenizer's own files (the agent renders prompts with the model's tokenizer)
+_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _folder_problem(path: Path) -> str | None:
+    """What keeps the folder ``path`` from loading as an HF causal LM with its tokenizer, or None."""
+    config = path / "config.json"
+    if not config.is_file():
+        return "is a folder without config.json"
+    try:
+        fields = json.loads(config.read_text())
+    except (ValueError, OSError) as err:
+        return f"holds a config.json that is not JSON ({err})"
+    if not isinstance(fields, dict) or "model_type" not in fields:
+        return "holds a config.json without model_type"
+    from transformers import CONFIG_MAPPING
+
+    if fields["model_type"] not in CONFIG_MAPPING:
+        return f"holds a config.json of model_type={fields['model_type']!r}, which transformers does not know"
+    if not any((path / name).is_file() for name in _WEIGHTS):
+        return f"holds no weights ({', '.join(_WEIGHTS)})"
+    if not any((path / name).is_file() for name in _TOKENIZER):
+        return f"holds no tokenizer ({', '.join(_TOKENIZER)})"
+    return None
+
+
 def check_source(name_or_path: str) -> None:
     """Refuse a ``model.name_or_path`` that cannot load here, before anything loads: a missing folder, a
-    folder without ``config.json``, a hub name outside the local cache while hub downloads are off."""
+    folder that is no model (no or a broken ``config.json``, no weights, no tokenizer), a hub name outside
+    the local cache while hub downloads are off."""
     if name_or_path in _BUILT_IN:
         return
     key = f"model.name_or_path={name_or_path!r}"
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        problem = _folder_problem(path)
+        if problem:
             raise ConfigError(
-                f"{key} is a folder without config.json, not an HF model folder. Fix: the folder "
-                "save_pretrained wrote (config.json, weights, tokenizer files), or builtin / tiny"
+                f"{key} {problem}, not a model folder that loads. Fix: the folder save_pretrained wrote "
+                "(config.json, weights, tokenizer files), or builtin / tiny"
             )
         return
     models = os.environ.get("RAGEN2_MODELS")
