@@ -47,7 +47,10 @@ def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
         ],
         run_dir=str(tmp_path / "run"),
     )
+    assert not torch.distributed.is_initialized()
     run(cfg)
+    # the in-process engine is shut down with the fit, the process group it made with it
+    assert not torch.distributed.is_initialized()
     run_dir = Path(cfg.run_dir)
     with (run_dir / "csv" / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/iteration")]

@@ -185,6 +185,12 @@ class RolloutDataModule(L.LightningDataModule):
         self.sampler = self.rollout_cfg.sampler(self.tokenizer)
         self.runner = self.rollout_cfg.runner(self.env, self.tokenizer)
 
+    def teardown(self, stage: str) -> None:
+        """At the end of fit, release the sampler: an in-process vLLM engine holds its memory and, alone in
+        its process, the torch.distributed group it made (``VLLMSampler.close``)."""
+        getattr(self.sampler, "close", lambda: None)()
+        self.sampler = self.runner = None
+
     def state_dict(self) -> dict[str, Any]:
         """The env and rollout settings the run trained with (read back by ``ragen2-eval``)."""
         return {"env": asdict(self.env), "rollout": self.rollout_cfg.saved()}

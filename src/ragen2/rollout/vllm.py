@@ -270,6 +270,7 @@ class VLLMSampler:
         self.settings = settings if settings is not None else VLLMSettings(**kwargs)
         self.eos_ids = {i for i in (tokenizer.eos_token_id,) if i is not None}
         self.llm: Any = None
+        self._made_world = False  # the engine created this process's torch.distributed group
         self._synced: tuple[int, int] | None = None
         self._asleep = False
         # counters for benchmarks: prompt tokens sent, of them served from the prefix cache; weight syncs;
@@ -291,6 +292,7 @@ class VLLMSampler:
 
             kwargs = self.settings.engine_kwargs | one_engine_per_rank()
             set_num_threads = torch.set_num_threads
+            self._made_world = not torch.distributed.is_initialized()
             try:
                 with _modules_vllm_can_scan():
                     self.llm = LLM(**kwargs)
@@ -299,6 +301,23 @@ class VLLMSampler:
                 # in-process that would also freeze the training side's setting
                 torch.set_num_threads = set_num_threads
         return self.llm
+
+    def close(self) -> None:
+        """Shut the engine down: its memory, vLLM's own process groups, and the torch.distributed group an
+        in-process engine makes when the process has none (a later process group, or engine, in this
+        process then starts clean). A group that was there before, a run's DDP group, is left alone."""
+        if self.llm is None:
+            return
+        import gc
+
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        self.llm = None
+        self._synced = None
+        gc.collect()
+        destroy_model_parallel()
+        if self._made_world:
+            destroy_distributed_environment()
 
     def sync_weights(self, model: Any) -> None:
         """Load ``model``'s current weights into the engine; skipped if none changed since the last sync.

@@ -152,7 +152,7 @@ def engine(builtin):
     sampler = vllm_sampler(model="builtin", kv_cache_gb=1.0, max_model_len=4096)(tokenizer)
     sampler.sync_weights(model)
     yield sampler
-    sampler.sync_weights(model)  # leave the engine on the base weights for whoever reuses the process
+    sampler.close()  # and the process group it made: later tests start their own (test_strategy_timeout)
 
 
 @pytest.fixture(scope="module")
