@@ -332,7 +332,7 @@ def validate(cfg: DictConfig) -> None:
     _check_precision(cfg)
     _check_master_weights(cfg)
     _check_writable(cfg)
-    _check_target_types(cfg)  # last: it imports the targets' modules
+    check_target_types(cfg)  # last: it imports the targets' modules
 
 
 #: nodes that hold settings; an override can replace one with a value (``algo.optim=0.1``)
@@ -353,12 +353,17 @@ def _check_nodes(cfg: DictConfig) -> None:
 def _check_run_keys(cfg: DictConfig) -> None:
     """The top-level keys, named as the user sets them (Lightning would name ``max_epochs``, the env
     ``env.max_turns``)."""
-    check_type("seed", cfg.seed, int, 0)
     check_type("iterations", cfg.iterations, int, 2)
     if cfg.iterations < 1:
         raise ConfigError(
             f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch). Fix: iterations=2"
         )
+    check_seed_and_cap(cfg)
+
+
+def check_seed_and_cap(cfg: DictConfig) -> None:
+    """``seed`` and ``max_turns_cap``, the top-level keys every program that rolls out shares."""
+    check_type("seed", cfg.seed, int, 0)
     cap = cfg.get("max_turns_cap")
     check_type("max_turns_cap", cap, int | None, 3)
     if cap is not None and cap < 1:
@@ -373,7 +378,7 @@ _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 _INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
 
 
-def _check_target_types(cfg: DictConfig) -> None:
+def check_target_types(cfg: DictConfig) -> None:
     """The arguments that a config node hands one of ragen2's own ``_target_`` callables (a filter, a
     sampler, a callback, an estimator) against that callable's annotations, before anything is built: a
     value that only reaches its target through an interpolation is named where it is set
@@ -537,14 +542,19 @@ def _check_writable(cfg: DictConfig) -> None:
     if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
         folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
     for key, folder in folders:
-        if "://" in folder:  # a remote store (fsspec): Lightning's to reach
-            continue
-        problem = _unwritable(Path(folder).expanduser().absolute())
-        if problem:
-            raise ConfigError(
-                f"{key}={folder} cannot be written: {problem}. Fix: {key}=<a writable folder>"
-                + (", or hydra.run.dir=<a writable folder>" if key == "run_dir" else "")
-            )
+        check_writable(key, folder)
+
+
+def check_writable(key: str, folder: str) -> None:
+    """Refuse a folder (the value of ``key``) that cannot be created and written now."""
+    if "://" in folder:  # a remote store (fsspec): Lightning's to reach
+        return
+    problem = _unwritable(Path(folder).expanduser().absolute())
+    if problem:
+        raise ConfigError(
+            f"{key}={folder} cannot be written: {problem}. Fix: {key}=<a writable folder>"
+            + (", or hydra.run.dir=<a writable folder>" if key == "run_dir" else "")
+        )
 
 
 def _unwritable(folder: Path) -> str | None:

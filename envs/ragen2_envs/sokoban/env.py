@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from ragen2_envs.base import TextEnv
 from ragen2_envs.sokoban.board import ACTIONS, LEGEND, SokobanState
 from ragen2_envs.sokoban.generator import generate_puzzle
-from ragen2_envs.sokoban.solver import solve
+from ragen2_envs.sokoban.solver import explain, solve
 
 OBSERVATIONS = ("grid", "coord", "grid_coord")
 # reference (gym-sokoban) rewards
@@ -165,3 +165,7 @@ class SokobanEnv(TextEnv):
             return None
         plan = solve(self.state)
         return plan[0] if plan else None
+
+    def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
+        """The player's cell, the boxes' and the targets', and the solver's next moves (``solver.explain``)."""
+        return explain(self.state, actions) if self.state is not None else None

@@ -1,0 +1,90 @@
+"""DemoDataModule: the warm start's demonstrations (``ragen2.data.demos``) as shuffled batches.
+
+``setup`` builds the demonstrations and runs every check on them before a model loads: the env's solver,
+the turn format (each reply read back by the agent's parser), an empty set, and the tokenizer saved and
+loaded back (``save_pretrained`` into a temporary folder, as the warm start will save it) rendering the
+same ids. A batch holds whole episodes, right-padded, and a loss mask over every turn's reply tokens: the
+tokens RL trains on (``collate_episodes``). Batches are drawn without replacement and reshuffled each pass
+over the set, from ``seed``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import lightning as L
+import torch
+
+from ragen2.agent.episode import Episode
+from ragen2.config import ConfigError, settings
+from ragen2.data.batch import collate_episodes
+from ragen2.data.demos import DemoConfig, check_solver, demonstrate, first_difference
+from ragen2.data.rollout_config import EnvConfig, RolloutConfig
+from ragen2.models.loading import load_tokenizer
+
+
+class DemoBatch(NamedTuple):
+    """B demonstration episodes, T = the longest."""
+
+    input_ids: torch.Tensor  # [B, T] the episodes' final sequences, right-padded
+    attention_mask: torch.Tensor  # [B, T] 1 on real tokens
+    loss_mask: torch.Tensor  # [B, T] 1 on every turn's reply tokens (what the solver "sampled")
+
+
+class DemoDataModule(L.LightningDataModule):
+    """The demonstrations of ``env`` rendered with ``rollout``'s settings (the prompt states the turn and
+    token limits, so they must be the RL run's) and ``tokenizer``'s chat template."""
+
+    def __init__(
+        self,
+        env: EnvConfig | Mapping[str, Any],
+        rollout: RolloutConfig | Mapping[str, Any],
+        tokenizer: str,
+        demos: DemoConfig | Mapping[str, Any] | None = None,
+        batch_size: int = 8,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.env = settings(EnvConfig, env, "env")
+        self.rollout_cfg = settings(RolloutConfig, rollout, "rollout")
+        self.demos = settings(DemoConfig, demos, "demos")
+        self.batch_size = batch_size
+        self.tokenizer_name = tokenizer
+        self.seed = seed
+        self.tokenizer: Any = None
+        self.episodes: list[Episode] = []
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.episodes:
+            return
+        check_solver(self.env, self.seed)  # before the tokenizer loads
+        self.tokenizer = load_tokenizer(self.tokenizer_name)
+        runner = self.rollout_cfg.runner(self.env, self.tokenizer)
+        self.episodes = demonstrate(runner, self.demos, self.seed)
+        with tempfile.TemporaryDirectory() as folder:
+            self.tokenizer.save_pretrained(folder)
+            reloaded = self.rollout_cfg.runner(self.env, load_tokenizer(folder))
+            differs = first_difference(self.episodes, reloaded, self.demos, self.seed)
+        if differs is not None:
+            seed, at = differs
+            raise ConfigError(
+                f"model.name_or_path={self.tokenizer_name!r}: its tokenizer, saved and loaded back, renders the "
+                f"demonstration of seed {seed} differently from token {at} on, so an RL run that loads the warm "
+                "start's folder would see other prompts than the ones trained on. Fix: a model whose tokenizer "
+                "and chat template survive save_pretrained"
+            )
+
+    def _collate(self, rows: list[int]) -> DemoBatch:
+        batch = collate_episodes([self.episodes[r] for r in rows], 1, self.tokenizer.pad_token_id)
+        return DemoBatch(batch.input_ids, batch.attention_mask, batch.loss_mask)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(
+            range(len(self.episodes)),
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(self.seed),
+            collate_fn=self._collate,
+        )
