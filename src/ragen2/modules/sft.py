@@ -43,6 +43,10 @@ class SFTConfig:
     """Linear learning-rate warm-up over this many steps (0 = none)."""
     grad_clip: float = 1.0
     """Largest global gradient norm (0 = no clipping)."""
+    share_prompt_prefix: bool = True
+    """Run the leading tokens that a batch's episodes share (the system prompt, the first user message's
+    opening) once per step, as ``algo.share_prompt_prefix`` does: the same loss up to float rounding, at
+    about half the tokens on the CPU."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -90,7 +94,13 @@ class SFTModule(L.LightningModule):
 
     def training_step(self, batch: DemoBatch, batch_idx: int) -> torch.Tensor:
         _, logp, _ = token_scores(
-            self.policy, batch.input_ids, batch.attention_mask, batch.loss_mask, 1.0, with_entropy=False
+            self.policy,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.loss_mask,
+            1.0,
+            with_entropy=False,
+            share_prefix=self.sft.share_prompt_prefix,
         )
         loss = -masked_mean(logp, batch.loss_mask)
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
