@@ -87,6 +87,7 @@ def main(argv: list[str]) -> None:
             f"hydra.run.dir={out / 'diagnose'}",
         ],
     }
+    started = provenance()  # the commit and the machine's load as the try starts
     seconds = {step: _run(args) for step, args in commands.items()}
     warm = json.loads((folder / "warmstart.json").read_text())
     evaluation = json.loads((out / "eval" / "eval.json").read_text())
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> None:
         "eval": evaluation,
         "diagnose": diag,
         "criteria": criteria(fmt, success, diag),
-        "provenance": provenance(),
+        "provenance": started,
     }
     record["ready"] = all(c["ok"] for c in record["criteria"].values())
     tries = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []

@@ -18,6 +18,8 @@ from ragen2.models import load_model, load_tokenizer
 from ragen2.train import run as train
 from ragen2.warmstart import run as warmstart
 
+pytestmark = pytest.mark.slow  # a warm start and an RL iteration: about a minute each on 2 busy cores
+
 # FrozenLake 3×3 with coordinates (the pilot's env); a few steps at a large lr so the tiny model moves
 ENV = ("env=frozenlake", "env.kwargs.size=3", "env.kwargs.observation=coord", "max_turns_cap=2")
 WARM = (
@@ -73,8 +75,7 @@ def test_one_rl_iteration_from_the_folder_on_the_prompts_it_trained_on(
             "algo.mini_batch_size=4",
             "algo.optim.lr=1e-3",
             "iterations=1",
-            "diagnostics.every_n_iterations=1",
-            "diagnostics.num_samples=4",
+            "diagnostics.every_n_iterations=0",
             "trainer.limit_val_batches=0",
         ],
         run_dir=str(tmp_path / "rl"),
@@ -87,6 +88,6 @@ def test_one_rl_iteration_from_the_folder_on_the_prompts_it_trained_on(
     assert first_difference(demos.episodes, rollouts.runner, demos.demos, warm_cfg.seed) is None
     metrics = train(cfg)
     assert metrics["train/iteration"] == 0.0
-    assert 0.0 <= metrics["rollout/format_valid_rate"] <= 1.0
-    assert "diag/first_turn/mi_est" in metrics
-    assert (tmp_path / "rl" / "checkpoints" / "last.ckpt").is_file()
+    assert metrics["rollout/turns"] >= 1.0 and 0.0 <= metrics["rollout/format_valid_rate"] <= 1.0
+    checkpoint = torch.load(tmp_path / "rl" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["ragen2"]["model"]["name_or_path"] == folder  # the run's base model is the warm start

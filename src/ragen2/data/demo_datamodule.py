@@ -33,6 +33,19 @@ class DemoBatch(NamedTuple):
     loss_mask: torch.Tensor  # [B, T] 1 on every turn's reply tokens (what the solver "sampled")
 
 
+class _Demonstrations(torch.utils.data.Dataset):
+    """The episodes, one item each."""
+
+    def __init__(self, episodes: list[Episode]) -> None:
+        self.episodes = episodes
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def __getitem__(self, index: int) -> Episode:
+        return self.episodes[index]
+
+
 class DemoDataModule(L.LightningDataModule):
     """The demonstrations of ``env`` rendered with ``rollout``'s settings (the prompt states the turn and
     token limits, so they must be the RL run's) and ``tokenizer``'s chat template."""
@@ -76,13 +89,13 @@ class DemoDataModule(L.LightningDataModule):
                 "and chat template survive save_pretrained"
             )
 
-    def _collate(self, rows: list[int]) -> DemoBatch:
-        batch = collate_episodes([self.episodes[r] for r in rows], 1, self.tokenizer.pad_token_id)
+    def _collate(self, episodes: list[Episode]) -> DemoBatch:
+        batch = collate_episodes(episodes, 1, self.tokenizer.pad_token_id)
         return DemoBatch(batch.input_ids, batch.attention_mask, batch.loss_mask)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(
-            range(len(self.episodes)),
+            _Demonstrations(self.episodes),
             batch_size=self.batch_size,
             shuffle=True,
             generator=torch.Generator().manual_seed(self.seed),

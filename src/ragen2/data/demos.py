@@ -72,7 +72,9 @@ def demonstrable_envs() -> list[str]:
     from omegaconf import OmegaConf
 
     ids = {env_id for env_id in ragen2_envs.ENV_IDS if _explains(env_id)}
-    return sorted(p.stem for p in (CONF_DIR / "env").glob("*.yaml") if OmegaConf.load(p).get("id") in ids)
+    return sorted(
+        p.stem for p in (CONF_DIR / "env").glob("*.yaml") if OmegaConf.select(OmegaConf.load(p), "id") in ids
+    )
 
 
 def check_solver(env: EnvConfig, seed: int = 0) -> None:
