@@ -4,14 +4,15 @@
 the turn format (each reply read back by the agent's parser), an empty set, and the tokenizer saved and
 loaded back (``save_pretrained`` into a temporary folder, as the warm start will save it) rendering the
 same ids. A batch holds whole episodes, right-padded, and a loss mask over every turn's reply tokens: the
-tokens RL trains on (``collate_episodes``). Batches are drawn without replacement and reshuffled each pass
-over the set, from ``seed``.
+tokens RL trains on (``collate_episodes``). Each pass over the set draws new batches from ``seed``
+(``LengthBatches``): episodes of similar length batch together, so a batch pads little, and the batches
+come in random order.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -44,6 +45,31 @@ class _Demonstrations(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> Episode:
         return self.episodes[index]
+
+
+class LengthBatches(torch.utils.data.Sampler[list[int]]):
+    """Batches of indices, new ones each pass: shuffle, sort each window of ``window`` batches' worth by
+    ``lengths``, cut the windows into batches, shuffle the batches. Every index once per pass; a batch's
+    rows have similar lengths, so right-padding them wastes little (a multi-turn episode is 2–3 times a
+    one-turn one)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, window: int = 16) -> None:
+        self.lengths, self.batch_size, self.window = lengths, batch_size, window
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        n, span = len(self.lengths), self.batch_size * self.window
+        return sum(-(-min(span, n - start) // self.batch_size) for start in range(0, n, span))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        span = self.batch_size * self.window
+        batches = []
+        for start in range(0, len(order), span):
+            window = sorted(order[start : start + span], key=lambda i: self.lengths[i])
+            batches += [window[i : i + self.batch_size] for i in range(0, len(window), self.batch_size)]
+        for b in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[b]
 
 
 class DemoDataModule(L.LightningDataModule):
@@ -94,10 +120,9 @@ class DemoDataModule(L.LightningDataModule):
         return DemoBatch(batch.input_ids, batch.attention_mask, batch.loss_mask)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
+        lengths = [len(ep.token_ids) for ep in self.episodes]
         return torch.utils.data.DataLoader(
             _Demonstrations(self.episodes),
-            batch_size=self.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(self.seed),
+            batch_sampler=LengthBatches(lengths, self.batch_size, self.seed),
             collate_fn=self._collate,
         )

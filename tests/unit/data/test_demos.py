@@ -173,3 +173,23 @@ def test_a_prompt_without_a_plan_is_answered_with_eos(tokenizer) -> None:
     assert out[0].finish_reason == "stop"
     assert [s.ids for s in out[1:]] == [[tokenizer.eos_token_id]] * 2
     assert demonstrator.demonstrated[(3,)].reply is None
+
+
+def test_length_batches_cover_every_episode_once_per_pass_with_little_padding() -> None:
+    from ragen2.data.demo_datamodule import LengthBatches
+
+    lengths = [300 + 150 * (i % 3) + i % 7 for i in range(50)]  # one, two and three turns' worth
+    sampler = LengthBatches(lengths, batch_size=4, seed=0, window=4)
+    first, second = list(sampler), list(sampler)
+    assert len(first) == len(sampler) == 13  # windows of 16 rows: 4 + 4 + 4 batches, then one of the last 2
+    for batches in (first, second):
+        assert sorted(i for b in batches for i in b) == list(range(50))
+        assert all(len(b) == 4 for b in batches if len(b) != 2)
+    assert first != second  # each pass draws new batches
+    assert first == list(LengthBatches(lengths, batch_size=4, seed=0, window=4))  # from the seed
+    # padding: a batch's widest row against its rows, far below what batches in random order pad
+    padded = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in first)
+    unsorted = [list(range(s, min(s + 4, 50))) for s in range(0, 50, 4)]
+    assert padded < 0.5 * sum(
+        max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in unsorted
+    )
