@@ -8,11 +8,13 @@ the prompts that evaluation and the MI diagnosis render. It runs, in order,
 1. ``ragen2-warmstart <shared> <warm-start-only>`` into outputs/warmstart_pilot/<name>/ (the HF folder in
    model/, not committed: the command rebuilds it);
 2. ``ragen2-eval`` on ``EVAL_SEEDS`` held-out seeds × ``EVAL_SAMPLES`` samples at the rollout temperature
-   (format: ``sampled/format_valid_rate``, success: ``sampled/success``);
+   (format: ``sampled/format_valid_rate``, success: ``sampled/success``): 64 episodes, a study batch's
+   worth (256 at once held 15 GB of keys and values on the CPU, more than this shared machine had free);
 3. ``ragen2-diagnose`` on ``GROUPS`` held-out seeds × ``GROUP_SIZE`` first turns: the study's MI pass on one
    batch of 8 groups × 8 rollouts (retrieval and its chance, ``mi_est_seq`` against log C);
 
-then appends the try (its commands, numbers, criteria, the commit and the machine) to pilot.json.
+then appends the try (its commands, numbers, criteria, the commit and the machine) to pilot.json. A step
+whose result is already there (a try cut off after it) is not run again; its seconds are kept.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from provenance import provenance  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "pilot.json"
 GROUPS, GROUP_SIZE = 8, 8  # the study's rollout batch: the diagnosis reads one such batch's first turns
-EVAL_SEEDS, EVAL_SAMPLES = 32, 8
+EVAL_SEEDS, EVAL_SAMPLES = 16, 4
 
 
 def _run(args: list[str]) -> float:
@@ -87,11 +89,19 @@ def main(argv: list[str]) -> None:
             f"hydra.run.dir={out / 'diagnose'}",
         ],
     }
+    results = {
+        "warmstart": folder / "warmstart.json",
+        "eval": out / "eval" / "eval.json",
+        "diagnose": out / "diagnose" / "diagnose" / "metrics.json",
+    }
     started = provenance()  # the commit and the machine's load as the try starts
-    seconds = {step: _run(args) for step, args in commands.items()}
-    warm = json.loads((folder / "warmstart.json").read_text())
-    evaluation = json.loads((out / "eval" / "eval.json").read_text())
-    diag = json.loads((out / "diagnose" / "diagnose" / "metrics.json").read_text())
+    timing = out / "seconds.json"
+    seconds = json.loads(timing.read_text()) if timing.is_file() else {}
+    for step, args in commands.items():
+        if not results[step].is_file():
+            seconds[step] = _run(args)
+            timing.write_text(json.dumps(seconds))
+    warm, evaluation, diag = (json.loads(results[step].read_text()) for step in commands)
     fmt, success = evaluation["sampled/format_valid_rate"], evaluation["sampled/success"]
     record = {
         "name": name,
