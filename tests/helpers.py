@@ -1,9 +1,14 @@
-"""Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed."""
+"""Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed, ports
+for the daemons and ranks a test starts, a scripted LM."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import socket
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 
+import torch
 from omegaconf import DictConfig
 
 from ragen2.agent.episode import Episode, Turn
@@ -50,3 +55,58 @@ def episode(group: int, turns: Sequence[Turn], sample: int = 0, seed: int | None
 def env_conf(name: str) -> DictConfig:
     """``conf/env/<name>.yaml`` as the training config composes it, with the env's own turn limit."""
     return compose([f"env={name}", "max_turns_cap=null"]).env
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports the OS found free on every interface, all bound at once (so none is picked as
+    another's neighbour by chance) and released for a daemon to bind. One can still be taken in between:
+    a caller that can retry on a failed start should."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+@contextlib.contextmanager
+def rendezvous() -> Iterator[dict[str, str]]:
+    """The environment under which ranks started inside the block meet (``init_process_group``, env://) at a
+    TCPStore this process holds on a port the OS chose: every rank joins it as a client (torchelastic's agent
+    store), so no port is released and bound again in between."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+    finally:
+        del store
+
+
+class ScriptLM(torch.nn.Module):
+    """A deterministic LM: row i emits ``scripts[last prompt token of row i]`` token by token, then ``default``.
+
+    Its "cache" is the script state, handed back through ``past_key_values`` as the sampler threads it, so
+    any token may repeat inside a script. Use it with ``reuse_prefix=False`` (it holds no real keys/values).
+    """
+
+    def __init__(self, vocab_size: int, scripts: dict[int, list[int]], default: int) -> None:
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # so that next(parameters()) has a device
+        self.scripts, self.default, self.vocab_size = scripts, default, vocab_size
+
+    def forward(
+        self, input_ids: torch.Tensor, past_key_values: object = None, **_: object
+    ) -> SimpleNamespace:
+        state = past_key_values
+        if not isinstance(state, SimpleNamespace):  # first call of a batch: the whole (left-padded) prompt
+            state = SimpleNamespace(keys=input_ids[:, -1].tolist(), n=0)
+        script = [self.scripts.get(k, []) for k in state.keys]
+        nxt = [s[state.n] if state.n < len(s) else self.default for s in script]
+        state.n += 1
+        logits = torch.full((*input_ids.shape, self.vocab_size), -20.0)
+        logits[:, -1, :].scatter_(-1, torch.tensor(nxt)[:, None], 20.0)
+        return SimpleNamespace(logits=logits, past_key_values=state)

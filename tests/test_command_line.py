@@ -1,4 +1,5 @@
-"""The console scripts themselves: --help, --version, and a config error as one line (a single run and a grid)."""
+"""The console scripts themselves: --help, --version, and a config error or bad input as one line (a single run
+and a grid)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,33 @@ def test_a_config_error_is_one_line_unless_hydra_full_error(tmp_path: Path) -> N
     assert full.stderr.rstrip().endswith(
         "ragen2.config.ConfigError: rollout.groups='abc' is text, not an integer. Fix: rollout.groups=4"
     )
+
+
+@pytest.mark.parametrize("program", ["ragen2-eval", "ragen2-diagnose", "ragen2-export"])
+def test_bad_input_is_one_line_in_every_program(program: str, tmp_path: Path) -> None:
+    not_json, taken = tmp_path / "rollouts.jsonl", tmp_path / "taken"
+    not_json.write_text("not json\n")
+    taken.write_text("a file")
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    args, line = {
+        "ragen2-eval": (
+            ["num_seeds=abc", run_dir],
+            "num_seeds='abc' is text, not an integer. Fix: num_seeds=16",
+        ),
+        "ragen2-diagnose": (
+            [f"rollouts={not_json}", run_dir],
+            f"rollouts={not_json}: line 1 is not JSON (Expecting value). Fix: rollouts=<run>/rollouts.rank0.jsonl "
+            "(written with rollout.save_jsonl=true)",
+        ),
+        "ragen2-export": (
+            [str(tmp_path / "last.ckpt"), str(taken / "exported")],
+            f"out={taken / 'exported'} cannot be written: {taken} is a file, not a folder. Fix: out=<a folder in "
+            "a writable place>",
+        ),
+    }[program]
+    done = _run([str(BIN / program), *args], tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"{program}: {line}"]
 
 
 def test_a_failed_job_of_a_grid_leaves_the_others_running(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -169,6 +171,102 @@ BAD = [
         r"model\.name_or_path='/nonexistent' is no folder \(nothing there\) and no hub name\. Fix: a local HF "
         r"model folder",
     ),
+    (["seed=-1"], r"^seed=-1 is outside 0 … 4294967295, the seeds numpy takes .*Fix: seed=0$"),
+    # numbers that are not finite: a comparison such as lr > 0 lets nan and inf through
+    (
+        ["rollout.temperature=nan"],
+        r"^rollout\.temperature=nan is not a finite number .*Fix: rollout\.temperature=1\.0$",
+    ),
+    (
+        ["rollout.temperature=inf"],
+        r"^rollout\.temperature=inf is not a finite number .*Fix: rollout\.temperature=1\.0$",
+    ),
+    (["algo.optim.lr=inf"], r"^algo\.optim\.lr=inf is not a finite number .*Fix: algo\.optim\.lr=1e-06$"),
+    (
+        ["algo.optim.weight_decay=inf"],
+        r"^algo\.optim\.weight_decay=inf is not a finite .*Fix: algo\.optim\.weight_decay=0\.01$",
+    ),
+    (
+        ["rollout.format_penalty=-inf"],
+        r"^rollout\.format_penalty=-inf is not a finite .*Fix: rollout\.format_penalty=-0\.1$",
+    ),
+    (
+        ["algo.optim.betas=[0.9,nan]"],
+        r"^algo\.optim\.betas=\[0\.9, nan\] holds a number that is not finite .*Fix: algo\.optim\.betas=\[0\.9, 0\.999\]$",
+    ),
+    (["filter.value=nan"], r"^filter\.value=nan is not a finite number .*Fix: filter\.value=0\.9$"),
+    (
+        ["algo=ppo", "algo.critic.lr=inf"],
+        r"^algo\.critic\.lr=inf is not a finite number .*Fix: algo\.critic\.lr=1e-05$",
+    ),
+    # env.kwargs against the options the env's constructor declares (ragen2_envs.options)
+    (
+        ["+env.kwargs.sucess_rate=0.5"],
+        r"^env\.kwargs\.sucess_rate=0\.5 is not an option of ragen2/FrozenLake-v0\. Fix: env\.kwargs\.success_rate=0\.5$",
+    ),
+    (
+        ["+env.kwargs.colour=red"],
+        r"^env\.kwargs\.colour='red' is not an option of .*Fix: one of size, p, success_rate,",
+    ),
+    (
+        ["env.kwargs.success_rate=2"],
+        r"^env\.kwargs\.success_rate=2 must be in \[0\.0, 1\.0\]\. Fix: env\.kwargs\.success_rate=",
+    ),
+    (["env.kwargs.size=-1"], r"^env\.kwargs\.size=-1 must be ≥ 2\. Fix: env\.kwargs\.size=4$"),
+    (["env.kwargs.p=0"], r"^env\.kwargs\.p=0 must be in \(0\.0, 1\.0\]\. Fix: env\.kwargs\.p=0\.9$"),
+    (
+        ["env.kwargs.size=abc"],
+        r"^env\.kwargs\.size='abc' is text, not an integer\. Fix: env\.kwargs\.size=4$",
+    ),
+    (
+        ["env.kwargs.observation=rgb"],
+        r"^env\.kwargs\.observation='rgb' is not one of grid, coord, grid_coord\. Fix",
+    ),
+    (
+        ["env=sokoban", "env.kwargs.num_boxes=0"],
+        r"^env\.kwargs\.num_boxes=0 must be ≥ 1\. Fix: env\.kwargs\.num_boxes=1$",
+    ),
+    (["env=bandit", "env.kwargs.split=val"], r"^env\.kwargs\.split='val' is not one of test, train\. Fix"),
+    (
+        ["env=searchqa", "env.kwargs.retriever=tfidf"],
+        r"^env\.kwargs\.retriever='tfidf' is not one of bm25, dense",
+    ),
+    (  # what only two options decide together, the constructor refuses when the env is first made
+        ["env=countdown", "env.kwargs.min_numbers=5"],
+        r"^env\.kwargs of ragen2/Countdown-v0: countdown min_numbers=5, max_numbers=4: need min_numbers <= "
+        r"max_numbers\. Fix: change the env\.kwargs named",
+    ),
+    # keys added with + that nothing reads
+    (
+        ["+foo=1"],
+        r"^foo=1 is not a key of ragen2-train's config\. Fix: one of seed, iterations, max_turns_cap,",
+    ),
+    (["+sede=1"], r"^sede=1 is not a key of ragen2-train's config\. Fix: seed=1$"),
+    (
+        ["+algo.max_token_per_micro_batch=1"],
+        r"^algo\.max_token_per_micro_batch=1 is not a setting\. Fix: algo\.max_tokens_per_micro_batch=1$",
+    ),
+    (
+        ["+trainer.max_epoch=3"],
+        r"^trainer\.max_epoch=3 is not an argument of lightning\.Trainer\. Fix: trainer\.max_epochs=3$",
+    ),
+    (
+        ["+rollout.sampler.max_batch_siz=8"],
+        r"^rollout\.sampler\.max_batch_siz=8 is not an argument of ragen2\.rollout\.hf\.HFSampler\. Fix: "
+        r"rollout\.sampler\.max_batch_size=8$",
+    ),
+    (  # Lightning's CSVLogger takes the keys ragen2's subclass passes on
+        ["+logger.csv.flush_logs_every_n_step=1"],
+        r"^logger\.csv\.flush_logs_every_n_step=1 is not an argument .*Fix: logger\.csv\.flush_logs_every_n_steps=1$",
+    ),
+    (
+        ["ckpt_path=hpc"],
+        r"^ckpt_path=hpc: there is no hpc_ckpt_<n>\.ckpt in .* and this is no SLURM job .*Fix: ckpt_path=last",
+    ),
+    (
+        ["+callbacks.summary.every=2"],
+        r"^callbacks\.summary\.every=2 is not an argument .*Fix: remove callbacks\.summary\.every",
+    ),
 ]
 # a typo in a group name: Hydra's own error names the group, the value and the options there are
 TYPOS = [
@@ -283,14 +381,6 @@ def test_an_unwritable_checkpoint_folder_fails_at_start_up(no_model_loads: None,
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
-def test_a_read_only_checkpoint_folder_fails_at_start_up(no_model_loads: None, tmp_path: Path) -> None:
-    read_only = tmp_path / "read_only"
-    read_only.mkdir(mode=0o555)
-    with pytest.raises(ValueError, match=rf"{read_only} does not take new files \(Permission denied\)"):
-        run(compose(["model=tiny"], run_dir=str(read_only / "run")))
-
-
 def test_a_qwen_model_without_a_local_copy_says_how_to_get_one(
     no_model_loads: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -330,6 +420,56 @@ def test_a_local_copy_under_ragen2_models_is_taken(monkeypatch: pytest.MonkeyPat
     node = OmegaConf.to_container(compose(["model=qwen2.5_0.5b"]).model, resolve=True)
     model = settings(ModelConfig, node, "model")
     assert model.name_or_path == str(tmp_path / "Qwen2.5-0.5B-Instruct")
+
+
+@pytest.mark.parametrize(
+    ("files", "said"),
+    [
+        ({"config.json": "{not json"}, r"holds a config\.json that is not JSON \(Expecting property name"),
+        ({"config.json": '{"hidden_size": 8}'}, r"holds a config\.json without model_type"),
+        ({"config.json": '{"model_type": "llama"}'}, r"holds no weights \(model\.safetensors, "),
+        (
+            {"config.json": '{"model_type": "llama"}', "model.safetensors": ""},
+            r"holds no tokenizer \(tokenizer\.json, ",
+        ),
+    ],
+    ids=["invalid-json", "no-model-type", "config-only", "no-tokenizer"],
+)
+def test_a_model_folder_that_cannot_load_is_one_line_at_start_up(
+    files: dict[str, str], said: str, no_model_loads: None, tmp_path: Path
+) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    with pytest.raises(
+        ValueError,
+        match=rf"^model\.name_or_path='{folder}' {said}.*not a model folder that loads\. Fix: the folder",
+    ) as err:
+        run(compose([f"model.name_or_path={folder}"], run_dir=str(tmp_path / "run")))
+    assert "\n" not in str(err.value)
+
+
+def test_the_plus_overrides_in_use_still_pass(tmp_path: Path) -> None:
+    from ragen2.config import validate
+
+    # a keyword for wandb.init, a loss's own argument, an env option the yaml leaves out, a new callback
+    validate(
+        compose(
+            [
+                "model=tiny",
+                "env=sokoban",
+                "logger=wandb",
+                "+logger.wandb.id=abc",
+                "algo.policy_loss._target_=poisoned.PoisonedLoss",
+                "+algo.policy_loss.calls=[0]",
+                "+env.kwargs.num_gen_steps=5",
+                "+callbacks.fault._target_=integration.checkpoint_faults.Sigterm",
+                "+callbacks.fault.iteration=0",
+            ],
+            run_dir=str(tmp_path),
+        )
+    )
 
 
 # nodes that are no mapping: text, and a list of pairs (which dict() would have read as one)
@@ -379,3 +519,264 @@ def test_the_environment_defaults_leave_wandb_to_the_config_and_hub_downloads_to
     monkeypatch.setattr(os, "environ", {"HF_HUB_OFFLINE": "0"})
     set_defaults()
     assert os.environ["TRANSFORMERS_OFFLINE"] == "0"
+
+
+# ---- the run folder -----------------------------------------------------------------------------------
+RUN = ["model=tiny", "rollout=scripted", "trainer.limit_val_batches=0", "~callbacks.curves"]
+
+
+def _iterations(run_dir: Path) -> list[int]:
+    import csv
+
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as f:
+        return [int(float(r["train/iteration"])) for r in csv.DictReader(f) if r.get("train/iteration")]
+
+
+def test_a_run_folder_holding_a_run_is_continued_only_when_ckpt_path_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from ragen2.config import ConfigError
+
+    for key in ("SLURM_JOB_ID", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(key, raising=False)
+    run_dir = tmp_path / "run"
+    run(compose([*RUN, "iterations=1"], run_dir=str(run_dir)))
+    metrics = (run_dir / "csv" / "metrics.csv").read_bytes()
+    elsewhere = tmp_path / "elsewhere.ckpt"
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", elsewhere)
+    refusals = [
+        ([], "ckpt_path=auto does not continue it"),  # the same command twice
+        (["ckpt_path=null"], "ckpt_path=null does not continue it"),
+        ([f"ckpt_path={elsewhere}"], f"ckpt_path={re.escape(str(elsewhere))} is another run's"),
+    ]
+    for overrides, said in refusals:
+        with pytest.raises(
+            ConfigError,
+            match=rf"^run_dir={run_dir} already holds a run \(csv/metrics\.csv with 1 row; checkpoints/last\.ckpt\), "
+            rf"and {said}: a new run there would write over its metrics\. Fix: a new folder for a new run "
+            r"\(hydra\.run\.dir=<folder>; --multirun: hydra\.sweep\.dir=<folder>\), or ckpt_path=last",
+        ):
+            run(compose([*RUN, "iterations=2", *overrides], run_dir=str(run_dir)))
+        assert (run_dir / "csv" / "metrics.csv").read_bytes() == metrics  # nothing lost
+    run(compose([*RUN, "iterations=2", "ckpt_path=last"], run_dir=str(run_dir)))  # continued: appended
+    assert _iterations(run_dir) == [0, 1]
+
+
+def test_which_ckpt_path_continues_the_run_in_its_folder(tmp_path: Path) -> None:
+    from ragen2.run_folder import continues, held_run
+
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    assert held_run(run_dir, checkpoints) is None
+    (run_dir / "csv").mkdir(parents=True)
+    (run_dir / "csv" / "metrics.csv").write_text("step,train/iteration\n")
+    assert held_run(run_dir, checkpoints) is None  # a header and no row: nothing logged yet
+    (run_dir / "csv" / "metrics.csv").write_text("step,train/iteration\n0,0\n1,1\n")
+    assert held_run(run_dir, checkpoints) == "csv/metrics.csv with 2 rows"
+    # a requeued job that saved no checkpoint yet starts over its own attempt; nothing else continues
+    assert continues("auto", run_dir, checkpoints, restartable=True)
+    assert not continues("auto", run_dir, checkpoints, restartable=False)
+    assert not continues("last", run_dir, checkpoints, restartable=True)
+    assert not continues("hpc", run_dir, checkpoints, restartable=True)
+    checkpoints.mkdir()
+    (checkpoints / "last.ckpt").write_bytes(b"")
+    (run_dir / "hpc_ckpt_3.ckpt").write_bytes(b"")
+    assert held_run(run_dir, checkpoints) == "csv/metrics.csv with 2 rows; checkpoints/last.ckpt"
+    assert continues("last", run_dir, checkpoints, restartable=False)
+    assert continues("hpc", run_dir, checkpoints, restartable=False)
+    assert continues(str(checkpoints / "last.ckpt"), run_dir, checkpoints, restartable=False)
+    assert not continues(str(tmp_path / "other" / "last.ckpt"), run_dir, checkpoints, restartable=False)
+
+
+def _first_run(run_dir: Path) -> dict[Path, bytes]:
+    """A folder as a finished run leaves it (its config record, a metrics row), and its files' bytes."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (run_dir / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (run_dir / "csv").mkdir()
+    (run_dir / "csv" / "metrics.csv").write_text("step,train/iteration\n0,0\n")
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def _cli_error(args: list[str], cwd: Path) -> str:
+    """The one line ``ragen2-train <args>`` prints as it fails."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "ragen2.train", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_the_command_line_refuses_a_used_folder_before_hydra_writes_into_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    before = _first_run(run_dir)
+    line = _cli_error([f"hydra.run.dir={run_dir}", "seed=3"], tmp_path)
+    assert line.startswith(
+        f"ragen2-train: run_dir={run_dir} already holds a run (csv/metrics.csv with 1 row)"
+    )
+    # the first run's record is as it was: Hydra wrote neither its config nor a log
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+    sweep = tmp_path / "sweep"
+    job = _first_run(sweep / "1")
+    line = _cli_error(["--multirun", f"hydra.sweep.dir={sweep}", "seed=0,1"], tmp_path)
+    assert line.startswith(f"ragen2-train: run_dir={sweep / '1'} already holds a run")
+    assert {p: p.read_bytes() for p in (sweep / "1").rglob("*") if p.is_file()} == job
+    assert not (sweep / "0").exists() and not (sweep / "multirun.yaml").exists()
+
+
+@contextlib.contextmanager
+def _read_only(folder: Path) -> Iterator[str]:
+    """``folder`` made read-only for this process, yielding how: root ignores permission bits, so for root
+    the folder is made immutable (``chattr +i``, which binds root too)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield "Permission denied"
+        finally:
+            folder.chmod(0o755)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(folder)]).returncode:
+        pytest.skip("as root, a read-only folder needs chattr +i, which is missing or unsupported here")
+    try:
+        yield "Operation not permitted"
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_run_folder_is_one_line_before_hydra_writes_into_it(
+    no_model_loads: None, tmp_path: Path
+) -> None:
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    with _read_only(read_only) as refused:
+        said = rf"cannot be written: {read_only} does not take new files \({refused}\)\. Fix: "
+        with pytest.raises(ValueError, match=rf"^run_dir={read_only / 'run'} {said}run_dir="):
+            run(compose(["model=tiny"], run_dir=str(read_only / "run")))
+        line = _cli_error([f"hydra.run.dir={read_only / 'run'}"], tmp_path)
+        assert re.fullmatch(rf"ragen2-train: run_dir={read_only / 'run'} {said}.*hydra\.run\.dir=.*", line), (
+            line
+        )
+        line = _cli_error(["--multirun", f"hydra.sweep.dir={read_only / 'sweep'}", "seed=0,1"], tmp_path)
+        assert re.fullmatch(
+            rf"ragen2-train: hydra\.sweep\.dir={read_only / 'sweep'} {said}hydra\.sweep.*", line
+        )
+
+
+# ---- resuming: the checkpoint against the settings the run is given ----------------------------------------
+@pytest.fixture(scope="module")
+def grpo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A FrozenLake GRPO run's last.ckpt, one iteration of the tiny model."""
+    run_dir = tmp_path_factory.mktemp("grpo")
+    run(compose([*RUN, "iterations=1", "algo.optim.lr=1e-3"], run_dir=str(run_dir)))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def _other_shapes(tmp_path: Path) -> Path:
+    """A model folder like the tiny model's but half as wide: a model of other shapes."""
+    import json
+    import shutil
+
+    from ragen2.models.loading import resolve_model_path
+
+    folder = Path(shutil.copytree(resolve_model_path("tiny"), tmp_path / "narrow"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 32, "intermediate_size": 64}))
+    return folder
+
+
+def test_a_checkpoint_that_cannot_continue_is_one_line_before_a_model_loads(
+    grpo_checkpoint: Path, no_model_loads: None, tmp_path: Path
+) -> None:
+    import torch
+
+    from ragen2.config import ConfigError
+
+    with_critic = tmp_path / "with_critic.ckpt"  # as a PPO run's: a value head beside the policy
+    state = torch.load(grpo_checkpoint, weights_only=True)
+    state["state_dict"]["critic.head.weight"] = torch.zeros(1, 64)
+    torch.save({**state, "ragen2": {**state["ragen2"], "algo": "ppo"}}, with_critic)
+    narrow = _other_shapes(tmp_path)
+    cases = [
+        (
+            [f"ckpt_path={grpo_checkpoint}", "env=sokoban"],
+            r"continues a run on env\.id=ragen2/FrozenLake-v0, and this run sets env\.id=ragen2/Sokoban-v0: .*"
+            r"Fix: the checkpoint's env \(env\.id=ragen2/FrozenLake-v0\), or ckpt_path=null",
+        ),
+        (
+            [f"ckpt_path={grpo_checkpoint}", "algo=ppo"],
+            r"holds no critic \(its run: algo=grpo\), and algo=ppo trains a value head: .*Fix: algo=grpo, or",
+        ),
+        (
+            [f"ckpt_path={with_critic}"],
+            r"holds a value head \(its run: algo=ppo\), and algo=grpo trains no critic: .*Fix: algo=ppo, or",
+        ),
+        (
+            [f"ckpt_path={grpo_checkpoint}", f"model.name_or_path={narrow}"],
+            rf"holds the weights of another model than model\.name_or_path={narrow} \(\d+ tensors differ, e\.g\. "
+            r"policy\.\S+: \[\d+, 64\] there, \[\d+, 32\] here\)\. Fix: model\.name_or_path=tiny \(the checkpoint's\)",
+        ),
+    ]
+    for n, (overrides, said) in enumerate(cases):
+        with pytest.raises(ConfigError, match=rf"^ckpt_path=\S+ {said}") as err:
+            run(compose(["model=tiny", *overrides], run_dir=str(tmp_path / f"run{n}")))
+        assert "\n" not in str(err.value)
+
+
+def test_a_resume_with_other_settings_warns_once_per_setting(
+    grpo_checkpoint: Path, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    from ragen2.checkpoint_fit import check_resume
+
+    cfg = compose(
+        ["model=tiny", "algo=dapo", "algo.optim.lr=1e-5", "rollout.temperature=0.7", "env.kwargs.size=5"],
+        run_dir=str(tmp_path),
+    )
+    check_resume(cfg, str(grpo_checkpoint))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    where = f"ckpt_path={grpo_checkpoint}: "
+    assert all(w.startswith(where) and "\n" not in w for w in warned), warned
+    said = sorted(w[len(where) :] for w in warned)
+    assert said == sorted(
+        [
+            "algo.optim.lr=1e-05 here, 0.001 in the checkpoint; the resumed optimizer keeps 0.001 (its state and "
+            "schedule are restored). Fix: ckpt_path=null in a new run folder to train with 1e-05",
+            "algo=dapo here, grpo in the checkpoint's run",
+            "env.kwargs.size=5 here, 4 in the checkpoint's run; continuing with 5",
+            "rollout.max_new_tokens=48 here, 64 in the checkpoint's run; continuing with 48",
+            "rollout.temperature=0.7 here, 1.0 in the checkpoint's run; continuing with 0.7",
+        ]
+    ), said
+    caplog.clear()
+    check_resume(compose([*RUN, "algo.optim.lr=1e-3"], run_dir=str(tmp_path)), str(grpo_checkpoint))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # the run's own settings: silent
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["+env.kwargs.sucess_rate=0.5"],
+            "env.kwargs.sucess_rate=0.5 is not an option of ragen2/FrozenLake-v0. Fix: ",
+        ),
+        (["seed=-1"], "seed=-1 is outside 0 … 4294967295"),
+        (["model.name_or_path={config_only}"], "model.name_or_path='{config_only}' holds no weights"),
+    ],
+    ids=["env-option", "seed", "model-folder"],
+)
+def test_the_command_line_says_it_in_one_line(overrides: list[str], said: str, tmp_path: Path) -> None:
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text('{"model_type": "llama"}')
+    args = [o.format(config_only=config_only) for o in overrides]
+    line = _cli_error(["model=tiny", f"hydra.run.dir={tmp_path / 'run'}", *args], tmp_path)
+    assert line.startswith(f"ragen2-train: {said.format(config_only=config_only)}"), line

@@ -6,9 +6,13 @@ lightning or transformers (heavy backends load lazily inside the env that needs 
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
+
 import gymnasium as gym
 
 from ragen2_envs.base import TextEnv, text_space
+from ragen2_envs.options import Option, options
 
 #: id -> entry point; modules load only when an env is made
 ENV_IDS: dict[str, str] = {
@@ -30,6 +34,12 @@ def register_all() -> None:
             gym.register(id=env_id, entry_point=entry_point, disable_env_checker=True)
 
 
+def env_options(env_id: str) -> Mapping[str, Option]:
+    """The options the environment ``env_id``'s constructor declares (``ragen2_envs.options``), by name."""
+    module, _, name = ENV_IDS[env_id].partition(":")
+    return options(getattr(importlib.import_module(module), name))
+
+
 def make(env_id: str, **kwargs: object) -> TextEnv:
     """``gym.make`` unwrapped, with a clear error for an unknown id."""
     if env_id not in ENV_IDS:
@@ -40,4 +50,4 @@ def make(env_id: str, **kwargs: object) -> TextEnv:
 
 register_all()
 
-__all__ = ["ENV_IDS", "TextEnv", "make", "register_all", "text_space"]
+__all__ = ["ENV_IDS", "Option", "TextEnv", "env_options", "make", "register_all", "text_space"]

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from ragen2_envs.options import check_bounds
 
 # Printable ASCII plus the symbols our renderers use; Text spaces reject characters outside their charset.
 CHARSET = frozenset(string.printable) | frozenset("√·×÷−…–—’“”°")
@@ -34,12 +36,19 @@ def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
 
 
 class TextEnv(gym.Env[str, str]):
-    """Base class: subclasses implement ``_reset``, ``_step``, ``render_state`` and ``instructions``."""
+    """Base class: subclasses implement ``_reset``, ``_step``, ``render_state`` and ``instructions``.
+
+    A subclass declares its options in its ``__init__``'s signature (``ragen2_envs.options``): every
+    construction is checked against their bounds before ``__init__`` runs."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: default agent settings for this env (a conf/env yaml may override them)
     default_max_turns: ClassVar[int] = 5
     default_max_actions_per_turn: ClassVar[int] = 2
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        check_bounds(cls, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(self, render_mode: str | None = "ansi") -> None:
         super().__init__()

@@ -18,8 +18,10 @@ compact errors).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib.metadata
+import inspect
 import math
 import os
 import re
@@ -137,13 +139,20 @@ def one_line_errors(prog: str) -> Callable[[Callable[[DictConfig], R]], Callable
             try:
                 return task(cfg)
             except ConfigError as err:
-                if HydraConfig.get().mode == RunMode.MULTIRUN or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                if HydraConfig.get().mode == RunMode.MULTIRUN:
                     raise
-                sys.exit(f"{prog}: {err}")  # SystemExit passes Hydra's run_job, which catches Exception
+                exit_one_line(prog, err)  # SystemExit passes Hydra's run_job, which catches Exception
 
         return run_task
 
     return decorate
+
+
+def exit_one_line(prog: str, err: ConfigError) -> typing.NoReturn:
+    """End the process with ``<prog>: <err>`` on stderr and status 1 (``HYDRA_FULL_ERROR=1``: raise ``err``)."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    sys.exit(f"{prog}: {err}")
 
 
 class JobErrors(Callback):
@@ -218,12 +227,14 @@ def _expected(hint: Any) -> str:
     )
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value as it is written on the command line (``true``, ``null``, ``'text'``, ``2.5``)."""
     if isinstance(value, bool):
         return str(value).lower()
     if value is None:
         return "null"
+    if isinstance(value, list | tuple):
+        return f"[{', '.join(shown(v) for v in value)}]"
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -238,18 +249,58 @@ def _kind(value: Any) -> str:
     return "a list" if isinstance(value, Sequence) else f"a {type(value).__name__}"
 
 
-def check_type(key: str, value: Any, hint: Any, example: Any = None) -> None:
-    """Refuse ``value`` for the config key ``key`` unless it fits ``hint``; the fix shows ``example``."""
-    if _fits(value, hint):
-        return
+def _finite(value: Any) -> bool:
+    """Whether every number in ``value`` (a number, or a list of them) is finite; a mapping is a node of its
+    own, checked where it is."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def _fix(key: str, value: Any, hint: Any, example: Any) -> str:
+    """The fix a type error names: the integers beside a float, else ``example``, else the type in words."""
     if hint is int and isinstance(value, float) and math.isfinite(value):
         low, high = math.floor(value), math.ceil(value)
-        fix = f"{key}={low}" if low == high else f"{key}={low} or {key}={high}"
-    elif example is not None and _fits(example, hint):
-        fix = f"{key}={_show(example)}"
-    else:
-        fix = f"{key}=<{_expected(hint)}>"
-    raise ConfigError(f"{key}={_show(value)} is {_kind(value)}, not {_expected(hint)}. Fix: {fix}")
+        return f"{key}={low}" if low == high else f"{key}={low} or {key}={high}"
+    if example is not None and _fits(example, hint) and _finite(example):
+        return f"{key}={shown(example)}"
+    return f"{key}=<{_expected(hint)}>"
+
+
+def check_type(key: str, value: Any, hint: Any, example: Any = None) -> None:
+    """Refuse ``value`` for the config key ``key`` unless it fits ``hint`` and every number in it is finite
+    (no setting takes nan or ±inf: comparisons such as ``lr > 0`` let them through); the fix shows
+    ``example``."""
+    if not _fits(value, hint):
+        raise ConfigError(
+            f"{key}={shown(value)} is {_kind(value)}, not {_expected(hint)}. Fix: {_fix(key, value, hint, example)}"
+        )
+    if not _finite(value):
+        problem = (
+            "is not a finite number" if isinstance(value, float) else "holds a number that is not finite"
+        )
+        raise ConfigError(
+            f"{key}={shown(value)} {problem} (no setting takes nan or inf). Fix: {_fix(key, value, hint, example)}"
+        )
+
+
+def unknown_key(key: str, value: Any, known: Iterable[str], where: str = "a setting") -> ConfigError:
+    """The error for ``key=value`` that names nothing ``known`` (the last part of ``key`` against the names
+    beside it): the close name as the fix when there is one (a misspelling), else the names there are."""
+    parent, _, name = key.rpartition(".")
+    prefix = f"{parent}." if parent else ""
+    names = list(known)
+    close = difflib.get_close_matches(name, names, n=1)
+    fix = (
+        f"{prefix}{close[0]}={shown(value)}"
+        if close
+        else f"one of {', '.join(names)}"
+        if names
+        else f"remove {key} (it takes none)"
+    )
+    return ConfigError(f"{key}={shown(value)} is not {where}. Fix: {fix}")
 
 
 @functools.cache
@@ -274,7 +325,7 @@ def settings(cls: type[T], node: object, key: str) -> T:
     fields = _field_types(cls)
     if node is not None and not isinstance(node, Mapping):
         raise ConfigError(
-            f"{key}={_show(node)} is {_kind(node)}, not a mapping of settings. Fix: a mapping with any of "
+            f"{key}={shown(node)} is {_kind(node)}, not a mapping of settings. Fix: a mapping with any of "
             f"{', '.join(fields)}"
         )
     values: dict[str, Any] = dict(node or {})
@@ -283,9 +334,7 @@ def settings(cls: type[T], node: object, key: str) -> T:
             check_type(f"{key}.{name}", value, *fields[name])
             continue
         moved = _moved(f"{key}.{name}")
-        raise ConfigError(
-            moved or f"{key}.{name}={value!r} is not a setting. Fix: one of {', '.join(fields)}"
-        )
+        raise ConfigError(moved) if moved else unknown_key(f"{key}.{name}", value, fields)
     return cls(**values)
 
 
@@ -326,12 +375,14 @@ def validate(cfg: DictConfig) -> None:
         if isinstance(node, DictConfig) and leaf in node:
             raise ConfigError(f"{_moved(old)} (a config file sets {old})")
     _check_nodes(cfg)
+    check_top_level(cfg)
     _check_run_keys(cfg)
     _check_temperature(cfg)
     _check_ranks(cfg)
     _check_precision(cfg)
     _check_master_weights(cfg)
-    _check_writable(cfg)
+    check_writable(run_folders(cfg))
+    _check_env_and_model(cfg)
     check_target_types(cfg)  # last: it imports the targets' modules
 
 
@@ -350,6 +401,39 @@ def _check_nodes(cfg: DictConfig) -> None:
             )
 
 
+_GLOBAL_PACKAGE = "# @package _global_"
+
+
+@functools.cache
+def top_level_keys(config_name: str = "train") -> tuple[str, ...]:
+    """The keys a composed ``config_name`` holds at its top: its primary file's own keys and its config
+    groups, except groups whose options all write elsewhere (``experiment``, ``debug``: ``_global_``)."""
+    primary = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{config_name}.yaml"))
+    assert isinstance(primary, dict)
+    groups = [next(iter(d)) for d in primary.get("defaults", []) if isinstance(d, dict)]
+    placed = [
+        g
+        for g in groups
+        if any(not f.read_text().startswith(_GLOBAL_PACKAGE) for f in (CONF_DIR / g).glob("*.yaml"))
+    ]
+    return tuple(k for k in [*primary, *placed] if k not in ("defaults", "hydra"))
+
+
+def check_top_level(cfg: DictConfig, config_name: str = "train") -> None:
+    """A key added at the top (``+lr=1e-5``, ``+seeed=1``) is read by nothing: refused, with the key meant
+    (``config_name``: the program's config, ``ragen2-<config_name>``)."""
+    known = top_level_keys(config_name)
+    for key in cfg:
+        if key not in known:
+            raw = cfg._get_node(key)
+            value = raw._value() if raw is not None else None
+            raise unknown_key(str(key), value, known, f"a key of ragen2-{config_name}'s config")
+
+
+#: the largest seed numpy (and so Lightning's seed_everything) takes: 2**32 - 1
+MAX_SEED = 2**32 - 1
+
+
 def _check_run_keys(cfg: DictConfig) -> None:
     """The top-level keys, named as the user sets them (Lightning would name ``max_epochs``, the env
     ``env.max_turns``)."""
@@ -364,6 +448,11 @@ def _check_run_keys(cfg: DictConfig) -> None:
 def check_seed_and_cap(cfg: DictConfig) -> None:
     """``seed`` and ``max_turns_cap``, the top-level keys every program that rolls out shares."""
     check_type("seed", cfg.seed, int, 0)
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise ConfigError(
+            f"seed={cfg.seed} is outside 0 … {MAX_SEED}, the seeds numpy takes (Lightning seeds it with the "
+            "run's seed). Fix: seed=0"
+        )
     cap = cfg.get("max_turns_cap")
     check_type("max_turns_cap", cap, int | None, 3)
     if cap is not None and cap < 1:
@@ -379,31 +468,41 @@ _INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
 
 
 def check_target_types(cfg: DictConfig) -> None:
-    """The arguments that a config node hands one of ragen2's own ``_target_`` callables (a filter, a
-    sampler, a callback, an estimator) against that callable's annotations, before anything is built: a
-    value that only reaches its target through an interpolation is named where it is set
+    """What a config node hands its ``_target_`` callable, before anything is built: a key the callable does
+    not take (``+trainer.max_epoch=3``) is refused with the argument meant, and for ragen2's own targets (a
+    filter, a sampler, a callback, an estimator) each value against its annotation. A value that only
+    reaches its target through an interpolation is named where it is set
     (``module.temperature: ${rollout.temperature}`` -> ``rollout.temperature``)."""
     for path, node in _target_nodes(cfg, ""):
-        hints, defaults = _parameters(str(node._target_))
+        target = str(node._target_)
+        signature = _parameters(target)
+        if signature is None:  # not importable here: its constructor checks alone
+            continue
+        hints, defaults, takes_any = signature
         for name in node:
-            if name in _HYDRA_KEYS or name not in hints:
+            if name in _HYDRA_KEYS:
                 continue
             child = node._get_node(name)
             assert child is not None  # name is one of the node's own keys
             raw = child._value()
+            if name not in defaults and not takes_any:
+                raise unknown_key(f"{path}{name}", raw, defaults, f"an argument of {target}")
+            if not target.startswith("ragen2.") or name not in hints:
+                continue
             source = _INTERPOLATION.fullmatch(raw) if isinstance(raw, str) else None
             value = node[name]
             if isinstance(value, DictConfig):  # an object of its own: its node is checked where it is
                 continue
             if not isinstance(value, str | int | float | bool | None):
                 value = OmegaConf.to_container(value, resolve=True)
-            check_type(source.group(1) if source else f"{path}{name}", value, hints[name], defaults.get(name))
+            example = defaults[name] if defaults[name] is not inspect.Parameter.empty else None
+            check_type(source.group(1) if source else f"{path}{name}", value, hints[name], example)
 
 
 def _target_nodes(node: DictConfig, path: str) -> Iterable[tuple[str, DictConfig]]:
-    """Every node under ``node`` that names a ``_target_`` of ragen2's, with its dotted path (and a trailing
-    dot); interpolated nodes (``data.filter: ${filter}``) are visited where they are defined."""
-    if isinstance(node.get("_target_"), str) and node._target_.startswith("ragen2."):
+    """Every node under ``node`` that names a ``_target_``, with its dotted path (and a trailing dot);
+    interpolated nodes (``data.filter: ${filter}``) are visited where they are defined."""
+    if isinstance(node.get("_target_"), str):
         yield path, node
     for key in node:
         child = node._get_node(key)
@@ -414,27 +513,60 @@ def _target_nodes(node: DictConfig, path: str) -> Iterable[tuple[str, DictConfig
             yield from _target_nodes(child, f"{path}{key}.")
 
 
-@functools.cache
-def _parameters(target: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The annotated parameters of the callable ``target`` names and their defaults (none for a target
-    whose annotations do not resolve here, which its constructor then checks alone)."""
-    import inspect
+def _passes_on(cls: type) -> bool:
+    """Whether ``cls`` has no ``__init__`` of its own, or one that only passes ``(*args, **kwargs)`` on."""
+    init = vars(cls).get("__init__")
+    if init is None:
+        return True
+    rest = list(inspect.signature(init).parameters.values())[1:]
+    return all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in rest)
 
+
+@functools.cache
+def _parameters(target: str) -> tuple[dict[str, Any], dict[str, Any], bool] | None:
+    """The callable ``target`` names: its parameters' annotations (none where they do not resolve here),
+    every parameter's default (``inspect.Parameter.empty`` without one), and whether it takes any keyword
+    (``**kwargs``); None when it does not import here."""
     from hydra.utils import get_object
 
     try:
         obj = get_object(target)
-        function = obj.__init__ if isinstance(obj, type) else obj
+        # a subclass that passes (*args, **kwargs) on takes what the class it extends takes
+        function = (
+            next((c.__init__ for c in obj.__mro__ if not _passes_on(c)), obj)
+            if isinstance(obj, type)
+            else obj
+        )
+        signature = inspect.signature(function)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    try:
         hints = typing.get_type_hints(function)
-        signature = inspect.signature(obj)
-    except (ImportError, AttributeError, NameError, TypeError, ValueError):
-        return {}, {}
+    except (NameError, TypeError, AttributeError):
+        hints = {}
+    kinds = {p.kind for p in signature.parameters.values()}
     defaults = {
         name: p.default
         for name, p in signature.parameters.items()
-        if p.default is not inspect.Parameter.empty
+        if name != "self" and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
-    return {k: v for k, v in hints.items() if k != "return"}, defaults
+    hints = {k: v for k, v in hints.items() if k in defaults}
+    return hints, defaults, inspect.Parameter.VAR_KEYWORD in kinds
+
+
+def _check_env_and_model(cfg: DictConfig) -> None:
+    """``env`` (its options against what the env declares) and ``model`` (a source that loads here) as the
+    objects their consumers build, before Lightning starts."""
+    from ragen2.data.rollout_config import EnvConfig
+    from ragen2.models.loading import ModelConfig
+
+    for key, cls in (("env", EnvConfig), ("model", ModelConfig)):
+        try:
+            settings(cls, OmegaConf.to_container(cfg[key], resolve=True), key)
+        except ConfigError:
+            raise
+        except ValueError as err:  # a check that names its key (env.max_turns=0 …), as build() passes it on
+            raise ConfigError(str(err)) from None
 
 
 def _check_temperature(cfg: DictConfig) -> None:
@@ -533,28 +665,28 @@ def _check_ranks(cfg: DictConfig) -> None:
         )
 
 
-def _check_writable(cfg: DictConfig) -> None:
-    """The run folder and the checkpoint folder must be creatable and writable now, not when iteration 0
-    ends. Nothing is created here: the nearest folder that exists is tried with a temporary file."""
+def run_folders(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The folders a training run writes, by the key that sets each: the run folder and the checkpoint folder."""
     from ragen2.resume import checkpoint_dir  # resume imports this module
 
     folders = [("run_dir", str(cfg.run_dir))]
     if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
         folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
+    return folders
+
+
+def check_writable(folders: Iterable[tuple[str, str | Path]]) -> None:
+    """Each folder (key -> folder) must be creatable and writable now, not when iteration 0 ends. Nothing is
+    created here: the nearest folder that exists is tried with a temporary file."""
     for key, folder in folders:
-        check_writable(key, folder)
-
-
-def check_writable(key: str, folder: str) -> None:
-    """Refuse a folder (the value of ``key``) that cannot be created and written now."""
-    if "://" in folder:  # a remote store (fsspec): Lightning's to reach
-        return
-    problem = _unwritable(Path(folder).expanduser().absolute())
-    if problem:
-        raise ConfigError(
-            f"{key}={folder} cannot be written: {problem}. Fix: {key}=<a writable folder>"
-            + (", or hydra.run.dir=<a writable folder>" if key == "run_dir" else "")
-        )
+        if "://" in str(folder):  # a remote store (fsspec): Lightning's to reach
+            continue
+        problem = _unwritable(Path(folder).expanduser().absolute())
+        if problem:
+            raise ConfigError(
+                f"{key}={folder} cannot be written: {problem}. Fix: {key}=<a writable folder>"
+                + (", or hydra.run.dir=<a writable folder>" if key == "run_dir" else "")
+            )
 
 
 def _unwritable(folder: Path) -> str | None:

@@ -21,16 +21,18 @@ from typing import Any  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import CONF_DIR, ConfigError, command_line, one_line_errors  # noqa: E402
+from ragen2.config import CONF_DIR, ConfigError, check_type, command_line, one_line_errors  # noqa: E402
 from ragen2.log import log  # noqa: E402
 
 
-def check(cfg: DictConfig) -> Any:
-    """Refuse settings that cannot work before anything loads; returns the quadrant's splits."""
-    from pathlib import Path
+def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
+    """Refuse settings that cannot work before anything loads; returns the quadrant's splits, the saved
+    rollouts' records (none when sampling) and the iteration to read of them."""
+    from ragen2.diagnostics.report import Splits, chosen_iteration, read_jsonl
 
-    from ragen2.diagnostics.report import Splits
-
+    for key, example in (("seed", 0), ("num_seeds", 8), ("samples", 4), ("max_batch_tokens", 512)):
+        check_type(key, cfg[key], int, example)
+    check_type("iteration", cfg.iteration, int | None, 0)
     if cfg.num_seeds < 2:
         raise ConfigError(
             f"num_seeds={cfg.num_seeds}: MI compares prompts, so it needs at least 2. Fix: num_seeds=8"
@@ -39,11 +41,6 @@ def check(cfg: DictConfig) -> Any:
         raise ConfigError(f"samples={cfg.samples} must be ≥ 1 sample per instance. Fix: samples=4")
     if cfg.max_batch_tokens < 1:
         raise ConfigError(f"max_batch_tokens={cfg.max_batch_tokens} must be ≥ 1. Fix: max_batch_tokens=512")
-    if cfg.rollouts is not None and not Path(cfg.rollouts).is_file():
-        raise ConfigError(
-            f"rollouts={cfg.rollouts!r} is not a file. Fix: rollouts=<run>/rollouts.rank0.jsonl "
-            "(a run trained with rollout.save_jsonl=true), or leave it null to sample"
-        )
     splits = dict(cfg.splits)
     unknown = set(splits) - {"mi_fraction", "entropy"}
     if unknown:
@@ -51,11 +48,15 @@ def check(cfg: DictConfig) -> Any:
             f"splits.{sorted(unknown)[0]} is not a setting. Fix: splits.mi_fraction, splits.entropy"
         )
     try:
-        return Splits(**splits)
+        quadrant = Splits(**splits)
     except ValueError as err:
         raise ConfigError(
             f"splits={splits}: {err}. Fix: e.g. splits.mi_fraction=0.1 splits.entropy=0.5"
         ) from None
+    if cfg.rollouts is None:
+        return quadrant, [], None
+    records = read_jsonl(cfg.rollouts)  # the whole file, now: a bad one is refused before the model loads
+    return quadrant, records, chosen_iteration(records, cfg.iteration, cfg.rollouts)
 
 
 def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
@@ -65,13 +66,13 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     from ragen2.config import build, settings, with_saved_settings
     from ragen2.data.evaluation import heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
-    from ragen2.diagnostics.report import diagnose, rows_from_episodes, rows_from_jsonl, write_report
+    from ragen2.diagnostics.report import diagnose, rows_from_episodes, rows_from_records, write_report
     from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
     from ragen2.models.loading import ModelConfig, load_tokenizer
     from ragen2.models.placement import Placement
     from ragen2.rollout.first_turn import sample_first_turns
 
-    splits = check(cfg)
+    splits, records, iteration = check(cfg)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     if state is not None:
         cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
@@ -87,8 +88,8 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
         return tokenizer.decode(list(ids), skip_special_tokens=False)  # as the runner decodes
 
     start = time.perf_counter()
-    if cfg.rollouts is not None:
-        rows, iteration = rows_from_jsonl(cfg.rollouts, decode, cfg.iteration, cfg.num_seeds, cfg.samples)
+    if iteration is not None:
+        rows = rows_from_records(records, decode, iteration, cfg.num_seeds, cfg.samples)
         source = f"`{cfg.rollouts}`, iteration {iteration}, first turns"
         seconds["read"] = time.perf_counter() - start
     else:

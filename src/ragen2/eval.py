@@ -6,6 +6,12 @@
 With ``checkpoint=``, the env, model and rollout settings are the ones the run trained with (saved in the
 checkpoint: the turn limit, the token limit, the temperature, …); the command line still overrides any of
 them (``env=sokoban``, ``env.max_turns=5``).
+
+Results are written as they come: ``<output stem>.seeds.jsonl`` (``eval.seeds.jsonl`` beside ``eval.json``)
+gets one line per seed and phase (greedy, sampled, oracle) as soon as that seed's episodes have ended, and
+``output`` the summary at the end; an interrupted evaluation keeps every seed it finished. Settings that
+cannot work (counts, ``ks`` beyond ``samples``, an ``output`` that cannot be written) are refused before
+anything loads.
 """
 
 from __future__ import annotations
@@ -14,22 +20,66 @@ from ragen2._env import set_defaults
 
 set_defaults()
 
+import json  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, TextIO, cast  # noqa: E402
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import CONF_DIR, command_line, one_line_errors  # noqa: E402
+from ragen2.config import CONF_DIR, ConfigError, check_type, command_line, one_line_errors  # noqa: E402
 from ragen2.log import log  # noqa: E402
+
+
+def check(cfg: DictConfig) -> Path:
+    """Refuse settings that cannot work before anything loads; returns where the results go."""
+    from ragen2.config import _unwritable
+
+    check_type("seed", cfg.seed, int, 0)
+    check_type("num_seeds", cfg.num_seeds, int, 16)
+    if cfg.num_seeds < 1:
+        raise ConfigError(f"num_seeds={cfg.num_seeds} must be ≥ 1 held-out seed. Fix: num_seeds=16")
+    check_type("samples", cfg.samples, int, 4)
+    if cfg.samples < 0:
+        raise ConfigError(
+            f"samples={cfg.samples} must be ≥ 0 sampled rollouts per seed (0: greedy only). Fix: samples=4"
+        )
+    given = OmegaConf.to_container(cfg.ks) if isinstance(cfg.ks, ListConfig) else cfg.ks
+    check_type("ks", given, list[int], [1, 2, 4])
+    ks = cast(list[int], given)
+    if any(k < 1 for k in ks):
+        raise ConfigError(f"ks={ks}: pass@k needs k ≥ 1. Fix: ks=[1,2,4]")
+    beyond = [k for k in ks if k > cfg.samples]
+    if cfg.samples and beyond:
+        kept = ",".join(str(k) for k in ks if k <= cfg.samples)
+        raise ConfigError(
+            f"ks={ks} asks for pass@{max(beyond)}, which needs {max(beyond)} sampled rollouts per seed, "
+            f"and samples={cfg.samples}. Fix: samples={max(beyond)}, or ks=[{kept}]"
+        )
+    check_type("oracle", cfg.oracle, bool, True)
+    out = Path(str(cfg.output)).expanduser()
+    if out.is_dir():
+        raise ConfigError(f"output={out} is a folder. Fix: output={out / 'eval.json'}")
+    problem = _unwritable(out.parent.absolute())
+    if problem:
+        raise ConfigError(
+            f"output={out} cannot be written: {problem}. Fix: output=<a file in a writable folder>"
+        )
+    return out
+
+
+def open_records(out: Path) -> TextIO:
+    """The per-seed results file beside ``out`` (``eval.json`` -> ``eval.seeds.jsonl``), opened for writing."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out.with_name(f"{out.stem}.seeds.jsonl").open("w")
 
 
 def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     """Evaluate with a composed eval config; ``overrides`` are the command line's (they beat saved settings)."""
-    import json
-    from pathlib import Path
-
     from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
 
+    out = check(cfg)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None  # a bad file fails before the imports
 
     from ragen2.config import build, settings, with_saved_settings
@@ -49,13 +99,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     policy = load_policy(model.name_or_path, cfg.checkpoint, model.dtype, state)
     sampler.sync_weights(policy.to(place.device()).eval())
     seeds = heldout_seeds(cfg.seed, cfg.num_seeds)
-    with place.autocast():
-        results = evaluate(
-            rollout.runner(env, tokenizer), sampler, seeds, cfg.samples, cfg.ks, oracle=cfg.oracle
-        )
-    out = Path(cfg.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    record = {
+    about = {
         "env": env.id,
         "max_turns": env.max_turns,
         "model": model.name_or_path,
@@ -63,10 +107,26 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
         "device": str(place.device()),
         "precision": str(place.precision),
     }
-    out.write_text(json.dumps({**record, **results}, indent=2))
+    with open_records(out) as records, place.autocast():
+
+        def write(record: dict[str, Any]) -> None:
+            records.write(json.dumps(record) + "\n")
+            records.flush()  # each line reaches the file as its seed finishes, before the next one does
+
+        write({"phase": "run", **about})  # what an interrupted evaluation's lines were measured on
+        results = evaluate(
+            rollout.runner(env, tokenizer),
+            sampler,
+            seeds,
+            cfg.samples,
+            cfg.ks,
+            oracle=cfg.oracle,
+            record=write,
+        )
+    out.write_text(json.dumps({**about, **results}, indent=2))
     width = max(len(k) for k in results)
     print("\n".join(f"{key:<{width}}  {results[key]:.4f}" for key in sorted(results)))
-    log.info("eval results: %s", out)
+    log.info("eval results: %s (per seed: %s)", out, records.name)
     return results
 
 

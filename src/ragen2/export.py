@@ -3,21 +3,72 @@
     ragen2-export outputs/<run>/checkpoints/last.ckpt exported/sokoban-grpo
 
 (the base model is the one the run trained, saved in the checkpoint; ``--model`` names it for older ones)
+
+The folder is written beside the destination (``.<name>.<random>.tmp``) and renamed into place once whole,
+so a failed or killed export leaves no half-written folder. A destination that holds files is refused unless
+``--overwrite`` (which replaces the folder as a whole), and a destination that is a file always is.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from ragen2._env import set_defaults
-from ragen2.config import version_line
+from ragen2.config import ConfigError, version_line
 
 
-def export(checkpoint: str, out: str, name_or_path: str | None = None, dtype: str | None = None) -> Path:
+def check_destination(out: str, overwrite: bool = False) -> Path:
+    """Refuse a destination that is a file, holds files (unless ``overwrite``) or cannot be written, before
+    anything loads; returns it."""
+    from ragen2.config import _unwritable
+
+    folder = Path(out).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(
+            f"out={out} is a file, and the export is a folder (config, weights, tokenizer). Fix: pass a folder "
+            "path that does not exist yet"
+        )
+    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+        raise ConfigError(
+            f"out={out} already holds files, which the export would replace. Fix: another folder, or "
+            "--overwrite to replace that folder as a whole"
+        )
+    problem = _unwritable(folder.absolute().parent)
+    if problem:
+        raise ConfigError(f"out={out} cannot be written: {problem}. Fix: out=<a folder in a writable place>")
+    return folder
+
+
+def _put_in_place(staged: Path, folder: Path) -> None:
+    """Rename the finished ``staged`` folder to ``folder``. A folder with files there (``--overwrite``) is
+    moved aside first and removed once the new one is in place; rename(2) replaces an empty one itself."""
+    if folder.is_dir() and any(folder.iterdir()):
+        old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".old"))
+        os.replace(folder, old)
+        os.replace(staged, folder)
+        shutil.rmtree(old)
+    else:
+        os.replace(staged, folder)
+
+
+def export(
+    checkpoint: str,
+    out: str,
+    name_or_path: str | None = None,
+    dtype: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the checkpoint's policy and its tokenizer to the folder ``out``; returns it."""
     from ragen2.models.checkpoint import CheckpointError, load_policy, read_checkpoint
-    from ragen2.models.loading import load_tokenizer
+    from ragen2.models.loading import check_source, load_tokenizer
 
+    folder = check_destination(out, overwrite)
+    if name_or_path is not None:
+        check_source(name_or_path)
     state = read_checkpoint(checkpoint)
     saved = (state.get("ragen2") or {}).get("model") or {}
     name_or_path = name_or_path or saved.get("name_or_path")
@@ -26,11 +77,23 @@ def export(checkpoint: str, out: str, name_or_path: str | None = None, dtype: st
             f"checkpoint={checkpoint} does not name its base model (an older checkpoint). Fix: --model <the "
             "run's model.name_or_path>"
         )
-    folder = Path(out)
-    model = load_policy(name_or_path, checkpoint, dtype or saved.get("dtype", "float32"), state)
+    try:
+        model = load_policy(name_or_path, checkpoint, dtype or saved.get("dtype", "float32"), state)
+    except OSError as err:  # transformers' word for a folder or hub name without loadable weights
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"--model={name_or_path} cannot be loaded ({reason}). Fix: --model <the HF folder or hub name the "
+            "run trained, with its weights>"
+        ) from None
     model.config.use_cache = True
-    model.save_pretrained(folder)
-    load_tokenizer(name_or_path).save_pretrained(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        model.save_pretrained(staged)
+        load_tokenizer(name_or_path).save_pretrained(staged)
+        _put_in_place(staged, folder)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)  # gone already once renamed into place
     return folder
 
 
@@ -42,19 +105,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ragen2-export", description=__doc__ and __doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=version_line("ragen2-export"))
     parser.add_argument("checkpoint", help="a ragen2 .ckpt, e.g. outputs/<run>/checkpoints/last.ckpt")
-    parser.add_argument("out", help="the folder to write")
+    parser.add_argument("out", help="the folder to write (new or empty, unless --overwrite)")
     parser.add_argument(
         "--model",
         default=None,
         help="the base model the run trained (default: the one saved in the checkpoint)",
     )
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a destination folder that already holds files (its files are removed)",
+    )
     args = parser.parse_args(argv)
-    from ragen2.models.checkpoint import CheckpointError
-
     try:
-        folder = export(args.checkpoint, args.out, args.model, args.dtype)
-    except CheckpointError as err:  # the file is the user's to fix: one line, no traceback
+        folder = export(args.checkpoint, args.out, args.model, args.dtype, args.overwrite)
+    except ConfigError as err:  # the files are the user's to fix: one line, no traceback
         parser.exit(1, f"{parser.prog}: {err}\n")
     log.info("exported HF model folder: %s", folder)
 

@@ -4,9 +4,12 @@ A resumed run logs again from the first iteration after its checkpoint; whatever
 logged from that iteration on belongs to work that was thrown away. The rule for every logger here: **the
 first step a (re)started logger writes is where the run resumed; history at or after it is stale.**
 
-- ``CSVLogger``: Lightning's CSVLogger deletes ``metrics.csv`` when its folder is not empty. This
-  one keeps the file (and its columns), and before its first write drops the rows whose step is at or
-  after the first step it is about to write, so each iteration appears exactly once.
+- ``CSVLogger``: Lightning's CSVLogger deletes ``metrics.csv`` when its folder is not empty, and rewrites
+  it in place whenever a column appears. This one keeps the file (and its columns), before its first write
+  drops the rows whose step is at or after the first step it is about to write, so each iteration appears
+  exactly once, and replaces the file only by writing beside it and renaming. A new run never starts over
+  another run's rows: ``ragen2.run_folder`` refuses a folder that holds a run unless ``ckpt_path``
+  continues it.
 - ``TensorBoardLogger``: a restart writes a new events file beside the old ones; this one marks its
   first step with a ``SessionLog.START`` event, TensorBoard's own restart marker (the event
   ``SummaryWriter(purge_step=…)`` writes), which hides older events at or after that step.
@@ -75,19 +78,29 @@ class _ResumingWriter(ExperimentWriter):
                 self._drop_from(min(int(m["step"]) for m in self.metrics))
         super().save()
 
-    def _drop_from(self, step: int) -> None:
+    def _read(self) -> tuple[list[str], list[dict[str, str]]]:
         with self._fs.open(self.metrics_file_path, "r", newline="") as f:
             reader = csv.DictReader(f)  # pyright: ignore[reportArgumentType]  # a text file: as above
-            header, rows = list(reader.fieldnames or []), list(reader)
+            return list(reader.fieldnames or []), list(reader)
+
+    def _drop_from(self, step: int) -> None:
+        header, rows = self._read()
         kept = rows_before(rows, step)
-        if len(kept) == len(rows):
-            return
-        # write beside and rename: a job killed mid-write must not lose the history it is trimming
+        if len(kept) < len(rows):
+            self._write(header, kept)
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        """Lightning rewrites the file in place when a column appears (a kill mid-write would cut it)."""
+        self._write(fieldnames, self._read()[1])
+
+    def _write(self, header: list[str], rows: Sequence[Mapping[str, str]]) -> None:
+        """The file replaced by ``rows``: written beside and renamed, so a job killed mid-write keeps the
+        history it was rewriting."""
         tmp = self.metrics_file_path + ".tmp"
         with self._fs.open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=header)
             writer.writeheader()
-            writer.writerows(kept)
+            writer.writerows(rows)
         self._fs.mv(tmp, self.metrics_file_path)
 
 

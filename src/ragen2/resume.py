@@ -9,7 +9,9 @@
   local ``ragen2-train`` never picks up a checkpoint it was not given.
 - ``last``: the same newest loadable ``last*.ckpt``, anywhere (fresh, with a warning, when there is none).
 - ``null``: a fresh start, everywhere.
-- ``hpc``: Lightning's SLURM checkpoint (``hpc_ckpt_<n>.ckpt``), found and loaded by Lightning.
+- ``hpc``: Lightning's SLURM checkpoint, the newest ``hpc_ckpt_<n>.ckpt`` in the trainer's root folder (the
+  run folder), as Lightning picks it; none there is a ``ConfigError`` (ragen2 leaves Lightning's requeue
+  handler, the one that writes them, off).
 - a local path: that checkpoint; a file that does not exist or does not load is a ``ConfigError``.
   Remote paths (``s3://``, ``https://``, …) are refused: copy the file to local disk first.
 
@@ -42,7 +44,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ragen2.config import ConfigError
 from ragen2.log import log
@@ -98,6 +100,17 @@ def last_checkpoint(folder: str | Path, key: str = f"ckpt_path={AUTO}") -> Path 
     return None
 
 
+def hpc_checkpoint(folder: str | Path) -> Path | None:
+    """The ``hpc_ckpt_<n>.ckpt`` of the highest ``n`` in ``folder``, the one Lightning resumes from, or None."""
+    numbered = [
+        (int(m.group(1)), p) for p in Path(folder).glob("hpc_ckpt_*.ckpt") if (m := _HPC.fullmatch(p.name))
+    ]
+    return max(numbered)[1] if numbered else None
+
+
+_HPC = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
+
+
 def checkpoint_dir(cfg: DictConfig) -> Path:
     """Where the run's ``LastCheckpoint`` writes: ``callbacks.checkpoint.dirpath``, else ``<run_dir>/checkpoints``."""
     node = (cfg.get("callbacks") or {}).get("checkpoint")
@@ -107,9 +120,10 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
 
 
 def resolve_ckpt_path(
-    value: Any, checkpoints: str | Path, environ: Mapping[str, str] = os.environ
+    value: Any, checkpoints: str | Path, environ: Mapping[str, str] = os.environ, root: str | Path = "."
 ) -> str | None:
-    """What ``trainer.fit(ckpt_path=…)`` gets for the config value ``ckpt_path=value``."""
+    """What ``trainer.fit(ckpt_path=…)`` gets for the config value ``ckpt_path=value`` (``root``: the trainer's
+    root folder, where Lightning's ``hpc_ckpt_<n>.ckpt`` are)."""
     if value is None:
         return None
     value = str(value)
@@ -137,8 +151,16 @@ def resolve_ckpt_path(
             return None
         return str(found)
     if value == HPC:
-        return value
-    if not Path(value).is_file():
+        found = hpc_checkpoint(root)
+        if found is None:
+            slurm = "in this SLURM job" if environ.get("SLURM_JOB_ID") else "and this is no SLURM job"
+            raise ConfigError(
+                f"ckpt_path={HPC}: there is no hpc_ckpt_<n>.ckpt in {root} {slurm} (Lightning writes them from "
+                "its own SLURM requeue handler, which ragen2 leaves to submitit). Fix: ckpt_path=last (the run "
+                "folder's newest last*.ckpt), ckpt_path=<a checkpoint file>, or ckpt_path=auto in a requeued job"
+            )
+        value = str(found)
+    elif not Path(value).is_file():
         raise ConfigError(
             f"ckpt_path={value}: no such checkpoint file. Fix: give an existing last.ckpt "
             f"(outputs/<run>/checkpoints/last.ckpt), ckpt_path={AUTO} (resume a requeued SLURM job from its "
@@ -152,7 +174,8 @@ def resolve_ckpt_path(
 
 def run_ckpt_path(cfg: DictConfig) -> str | None:
     """``resolve_ckpt_path`` for a composed training config."""
-    return resolve_ckpt_path(cfg.get("ckpt_path"), checkpoint_dir(cfg))
+    root = OmegaConf.select(cfg, "trainer.default_root_dir", default=None) or cfg.run_dir
+    return resolve_ckpt_path(cfg.get("ckpt_path"), checkpoint_dir(cfg), root=str(root))
 
 
 def requeue_plugins() -> list[Any]:

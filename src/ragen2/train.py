@@ -12,6 +12,7 @@ from omegaconf import DictConfig  # noqa: E402
 from ragen2.config import CONF_DIR, build, check_batch, command_line, one_line_errors, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
 from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
+from ragen2.run_folder import check_run_folder  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -22,10 +23,14 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     import lightning as L
 
-    from ragen2.loggers import finish as finish_loggers  # Lightning: not imported for --help, --version
+    from ragen2.checkpoint_fit import check_resume  # torch and Lightning: not imported for --help, --version
+    from ragen2.loggers import finish as finish_loggers
 
     quiet_lightning()
+    check_run_folder(cfg)  # a folder holding another run is continued only when ckpt_path says so
     ckpt_path = run_ckpt_path(cfg)  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/resume.py)
+    if ckpt_path is not None:  # another env, model or critic refused; other changed settings warned
+        check_resume(cfg, ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data)
     module = build(cfg.module)
@@ -39,11 +44,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
     finish_loggers(loggers)
     if trainer.is_global_zero:
         log.info("run folder: %s", cfg.run_dir)
-    metrics = dict(module.last_metrics)
+    metrics, stopped = dict(module.last_metrics), module.stopped
     # the trainer and the module reference each other: free the run's models now, not at the next full
     # collection (several runs in one process, as in a notebook or a benchmark, otherwise pile them up)
     del trainer, module, datamodule, callbacks, loggers
     gc.collect()
+    if stopped is not None:  # a run cut short is a failed job: one line, a non-zero status
+        raise stopped
     return metrics
 
 

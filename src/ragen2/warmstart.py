@@ -23,6 +23,7 @@ from ragen2.config import (  # noqa: E402
     build,
     check_seed_and_cap,
     check_target_types,
+    check_top_level,
     check_writable,
     command_line,
     one_line_errors,
@@ -35,10 +36,10 @@ def check(cfg: DictConfig) -> None:
     """Refuse settings that cannot work, before anything is built."""
     from ragen2.modules.sft import SFTConfig
 
+    check_top_level(cfg, "warmstart")
     check_seed_and_cap(cfg)
     settings(SFTConfig, OmegaConf.to_container(cfg.sft, resolve=True), "sft")
-    for key in ("run_dir", "output"):
-        check_writable(key, str(cfg[key]))
+    check_writable([(key, str(cfg[key])) for key in ("run_dir", "output")])
     check_target_types(cfg)
 
 

@@ -174,3 +174,33 @@ def test_turn_limit_is_the_envs_own_capped_by_the_cpu_default(path: Path, tokeni
     data = instantiate(compose([f"env={path.stem}", "model=tiny", "rollout=scripted"]).data)
     assert data.env.max_turns == min(own, 3)
     assert data.rollout_cfg.runner(data.env, tokenizer).cfg.max_turns == min(own, 3)
+
+
+@pytest.mark.parametrize("env_id", sorted(ragen2_envs.ENV_IDS))
+def test_every_option_default_is_in_its_declared_bounds(env_id: str) -> None:
+    from ragen2.config import check_type
+
+    declared = ragen2_envs.env_options(env_id)
+    assert "render_mode" in declared and "self" not in declared
+    for name, option in declared.items():
+        check_type(name, option.default, option.hint)
+        assert option.problem(option.default) is None, (name, option.default)
+
+
+@pytest.mark.parametrize("path", CONF_FILES, ids=[p.stem for p in CONF_FILES])
+def test_every_conf_env_kwarg_is_a_declared_option_in_bounds(path: Path) -> None:
+    node = OmegaConf.load(path)
+    declared = ragen2_envs.env_options(node.id)
+    for name, value in node.kwargs.items():
+        assert name in declared, (path.name, name)
+        assert declared[name].problem(value) is None, (path.name, name, value)
+
+
+def test_an_env_made_directly_is_checked_against_its_bounds_too() -> None:
+    from ragen2_envs.frozenlake.env import FrozenLakeEnv
+
+    with pytest.raises(ValueError, match=r"^size=1 must be ≥ 2$"):
+        FrozenLakeEnv(1)  # positional, as the signature orders them
+    with pytest.raises(ValueError, match=r"^observation='rgb' is not one of grid, coord, grid_coord$"):
+        ragen2_envs.make("ragen2/FrozenLake-v0", observation="rgb")
+    assert FrozenLakeEnv(5, 0.5).size == 5

@@ -88,7 +88,8 @@ def test_roundtrip_runs_as_unprivileged_uid_with_scrubbed_env(
         "print(os.getuid() >= 1_000_000, sorted(os.environ), os.environ.get('RAGEN2_SECRET'))\n"
     )
     r = run_python(code, "abc\n", timeout_s=2.0, method=method)
-    assert r.ok and r.isolated and not r.timed_out
+    assert r.ok and not r.timed_out
+    assert r.isolated == (method == "bwrap")  # unshare leaves host files readable: not isolated from them
     assert r.stdout == "ABC\nTrue ['HOME', 'LANG', 'PATH'] None\n"
 
 
@@ -511,25 +512,34 @@ def test_unknown_method_is_refused_with_the_choices() -> None:
 @pytest.mark.skipif(
     not probe("unshare").available, reason=f"no unshare fallback here: {probe('unshare').reason}"
 )
-def test_without_bubblewrap_the_unshare_sandbox_takes_over(tmp_path: Path) -> None:
-    # a PATH with util-linux's unshare (and the `true` it probes with) but no bwrap: the probe falls
-    # back, says why, and still isolates
+def test_without_bubblewrap_the_unshare_sandbox_takes_over_and_says_host_files_are_readable(
+    tmp_path: Path,
+) -> None:
+    # a PATH with util-linux's unshare (and the `true` it probes with) but no bwrap: the probe falls back,
+    # says why, still sandboxes (namespaces, its own uid) but calls no run isolated: host files are readable
     tools = tmp_path / "bin"
     tools.mkdir()
     for tool in ("unshare", "true"):
         (tools / tool).symlink_to(str(shutil.which(tool)))
     code = (
-        "from ragen2_envs.deepcoder.sandbox import isolation_status, run_python\n"
+        "from ragen2_envs.deepcoder.sandbox import isolation_status, require_isolation, run_python\n"
         "status = isolation_status()\nprint(status.method)\nprint(status.reason)\n"
-        "r = run_python('import os; print(6 * 7, os.getuid() >= 1_000_000)')\nprint(r.stdout.strip(), r.isolated)\n"
+        "print(require_isolation(allow_unisolated=False))\n"
+        "for _ in range(2):\n"
+        "    r = run_python('import os; print(6 * 7, os.getuid() >= 1_000_000, len(open(\"/etc/passwd\").read()) > 0)')\n"
+        "    print(r.stdout.strip(), r.isolated)\n"
     )
     env = {**os.environ, "PATH": str(tools)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    method, reason, result = out.stdout.splitlines()
+    method, reason, required, *results = out.stdout.splitlines()
     assert method == "unshare", out.stderr
-    assert reason.startswith("isolated: namespaces + unprivileged uid")
+    assert reason.startswith("partly isolated: namespaces + unprivileged uid, host files readable")
     assert "bubblewrap unusable: bubblewrap is not installed" in reason
-    assert result == "42 True True"
+    assert required == "False"
+    assert results == ["42 True True False"] * 2  # /etc/passwd read by the program: not isolated
+    # one warning for the whole process, however many runs
+    warnings = [line for line in out.stderr.splitlines() if "leaves host files readable" in line]
+    assert len(warnings) == 1 and "Fix: install bubblewrap" in warnings[0], out.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")

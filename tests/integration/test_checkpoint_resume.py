@@ -1,12 +1,17 @@
-"""The real loop resumes from the save before last.ckpt when last.ckpt itself does not load."""
+"""The real loop resumes from the save before last.ckpt when last.ckpt itself does not load, and stops in one
+line, its checkpoint whole, when the next save finds no room."""
 
 from __future__ import annotations
 
 import csv
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from integration.conftest import FAST
 from ragen2.models.checkpoint import read_checkpoint
 
 
@@ -40,3 +45,30 @@ def test_a_truncated_last_ckpt_resumes_from_the_save_before(
         "last.ckpt": 2,
         "last.1.ckpt": 1,
     }
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_ragen2_train_in_one_line_and_keeps_the_checkpoint(train) -> None:
+    _, cfg = train(["iterations=1"])
+    run_dir = Path(cfg.run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    saved = last.read_bytes()
+
+    def no_room() -> None:  # files stop at 1 MB (EFBIG): the run's logs fit, its checkpoint (39 MB) does not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+
+    command = [sys.executable, "-m", "ragen2.train", *FAST, "iterations=2", f"ckpt_path={last}"]
+    done = subprocess.run(
+        [*command, f"hydra.run.dir={run_dir}"],
+        preexec_fn=no_room,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        f"ragen2-train: callbacks.checkpoint.dirpath={last.parent}: the file-size limit (ulimit -f) is reached "
+        f"(File too large): the checkpoint needs about {len(saved) / 1e6:,.0f} MB, "
+    ), line
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"] and last.read_bytes() == saved

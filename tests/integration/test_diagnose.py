@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import hydra
 import pytest
@@ -85,13 +86,18 @@ def test_read_jsonl_refuses_other_files(tmp_path: Path) -> None:
         read_jsonl(bad)
 
 
-def test_reads_a_runs_saved_rollouts(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def _saved_rollouts(run_dir: Path) -> tuple[Path, Any, Any]:
+    """A real run's rollouts file (one iteration of 4 groups × 4 episodes, a line each), its data module and
+    the batch it holds."""
     cfg = compose([*FAST, "rollout.save_jsonl=true", "rollout.groups=4"], run_dir=str(run_dir))
     dm = hydra.utils.instantiate(cfg.data)
     dm.setup()
     batch = dm.rollout(0)
-    saved = run_dir / "rollouts.rank0.jsonl"
+    return run_dir / "rollouts.rank0.jsonl", dm, batch
+
+
+def test_reads_a_runs_saved_rollouts(tmp_path: Path) -> None:
+    saved, dm, batch = _saved_rollouts(tmp_path / "run")
     assert saved.is_file()
 
     diag, _ = _diagnose(tmp_path, f"rollouts={saved}", "num_seeds=64", "samples=64")
@@ -136,3 +142,61 @@ def test_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert found["metrics"]["columns"] == 8 and found["region"] == "template collapse"
     assert set(FILES) <= set(found["files"]) and found["wrong"] >= 1
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
+
+
+def test_a_rollouts_file_cut_mid_line_keeps_its_whole_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    saved, _, _ = _saved_rollouts(tmp_path / "run")
+    lines = saved.read_text().splitlines(keepends=True)
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join(lines[:-1]))
+    cut = tmp_path / "cut.jsonl"  # the last line as a killed run leaves it: half written, no newline
+    cut.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+
+    expected, _ = _diagnose(tmp_path / "a", f"rollouts={whole}")
+    diag, _ = _diagnose(tmp_path / "b", f"rollouts={cut}")
+    (warning,) = [r.getMessage() for r in caplog.records if "cut short" in r.getMessage()]
+    assert warning.startswith(f"rollouts={cut}: line {len(lines)} is cut short")
+    assert [(r.prompt_ids, r.reasoning_ids) for r in diag.rows] == [
+        (r.prompt_ids, r.reasoning_ids) for r in expected.rows
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", r"rollouts={path} holds no records\. Fix: "),
+        ("\n\n", r"rollouts={path} holds no records\. Fix: "),
+        ('{"a": 1', r"rollouts={path} holds no records\. Fix: "),  # a lone line cut short: nothing whole
+        ('not json\n{"iteration": 0}\n', r"rollouts={path}: line 1 is not JSON \(Expecting value\)\. Fix: "),
+        ('{"turns": []}\n', r"rollouts={path}: line 1 lacks iteration, seed: not a record written by "),
+        ("[1, 2]\n", r"rollouts={path}: line 1 is JSON but not a record \(an object\)\. Fix: "),
+        (
+            '{"iteration": 0, "seed": 1, "turns": [{"prompt_ids": [1]}]}\n',
+            r"rollouts={path}: line 1 lacks turns\[0\]\.observation, turns\[0\]\.sampled_ids: ",
+        ),
+        (
+            '{"iteration": 0, "seed": 1, "turns": 3}\n',
+            r"rollouts={path}: line 1 lacks turns \(a list of turns\)",
+        ),
+    ],
+)
+def test_a_bad_rollouts_file_is_refused_before_anything_loads(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(content)
+    # the checkpoint does not exist: an error about it would mean the file was not read first
+    with pytest.raises(ConfigError, match="^" + message.format(path=path)):
+        _diagnose(tmp_path, f"rollouts={path}", "checkpoint=/nonexistent.ckpt")
+
+
+def test_an_iteration_the_file_lacks_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text('{"iteration": 3, "seed": 1, "turns": []}\n')
+    with pytest.raises(
+        ConfigError,
+        match=rf"^iteration=5 is not in rollouts={path}, which holds iterations \[3\]\. Fix: iteration=3",
+    ):
+        _diagnose(tmp_path, f"rollouts={path}", "iteration=5", "checkpoint=/nonexistent.ckpt")

@@ -20,9 +20,17 @@ pytestmark = [
 ]
 
 
-def test_one_bf16_iteration_on_gpu(train: Callable) -> None:
+@pytest.mark.parametrize("model", ["tiny", "tiny_qwen2"])  # SmolLM2's tokenizer; Qwen2.5's and its vocabulary
+def test_one_bf16_iteration_on_gpu(train: Callable, model: str) -> None:
     metrics, _ = train(
-        ["trainer=gpu", "rollout=hf", "filter=none", "iterations=1", "rollout.max_new_tokens=16"]
+        [
+            f"model={model}",
+            "trainer=gpu",
+            "rollout=hf",
+            "filter=none",
+            "iterations=1",
+            "rollout.max_new_tokens=16",
+        ]
     )
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
     assert metrics["train/optimizer_steps"] >= 1

@@ -59,20 +59,31 @@ def test_two_iterations_update_the_policy_through_the_task_gradient(train, tmp_p
     assert len(lines) == 2 * 4 * 4
 
 
-def test_iteration_with_nothing_kept_performs_no_update(train, tmp_path: Path) -> None:
+def test_iteration_with_nothing_kept_performs_no_update_and_the_stop_fails_the_run(
+    train, tmp_path: Path
+) -> None:
+    from ragen2.modules.policy import RunStopped
+
     # one canned response: every rollout of a group earns the same return, every group scores
-    # reward std 0, and top_p (include_zero false) keeps nothing
-    _, cfg = train(
-        [
-            "iterations=2",
-            "rollout.sampler.responses=['plan</think><answer>Left</answer>']",
-            "algo.max_empty_iterations=2",
-        ]
-    )
-    rows = [r for r in _metric_rows(Path(cfg.run_dir)) if r.get("train/iteration")]
+    # reward std 0, and top_p (include_zero false) keeps nothing; two such iterations stop the run of three
+    with pytest.raises(
+        RunStopped,
+        match=r"^algo\.max_empty_iterations=2: the filter kept no group in 2 iterations in a row \(iterations "
+        r"0–1: .*\), so the run stopped after iteration 1\. Fix: .*algo\.max_empty_iterations=0",
+    ) as stopped:
+        train(
+            [
+                "iterations=3",
+                "rollout.sampler.responses=['plan</think><answer>Left</answer>']",
+                "algo.max_empty_iterations=2",
+            ]
+        )
+    assert "\n" not in str(stopped.value)
+    run_dir = tmp_path / "run"  # its files are written before the error
+    rows = [r for r in _metric_rows(run_dir) if r.get("train/iteration")]
     assert [float(r["filter/skipped"]) for r in rows] == [1.0, 1.0]
     assert all(r.get("train/optimizer_steps", "") == "" for r in rows)
-    weights = _policy_weights(Path(cfg.run_dir) / "checkpoints" / "last.ckpt")
+    weights = _policy_weights(run_dir / "checkpoints" / "last.ckpt")
     from ragen2.models.loading import load_model
 
     init = load_model("tiny").state_dict()
@@ -190,3 +201,40 @@ def test_max_nonfinite_steps_in_a_row_stop_with_an_error_and_the_last_finite_che
     init = load_model("tiny").state_dict()
     weights = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
     assert all(torch.equal(v, init[k[len("policy.") :]]) for k, v in weights.items())  # never stepped
+
+
+def test_groups_by_outcome_and_the_effective_reward_are_logged_and_shown(train, caplog) -> None:
+    import json
+    import statistics
+
+    # filter=none trains on every group, those without reward variance too: their rows get no advantage
+    with caplog.at_level(logging.INFO, logger="ragen2"):
+        _, cfg = train(["iterations=2", "filter=none", "rollout.save_jsonl=true"])
+    run_dir = Path(cfg.run_dir)
+    rows = [r for r in _metric_rows(run_dir) if r.get("train/iteration")]
+    episodes = [json.loads(line) for line in (run_dir / "rollouts.rank0.jsonl").read_text().splitlines()]
+    summaries = [m for m in caplog.messages if m.startswith("iteration ")]
+    for it, row in enumerate(rows):
+        groups: dict[int, list[dict]] = {}
+        for ep in episodes:
+            if ep["iteration"] == it:
+                groups.setdefault(ep["group"], []).append(ep)
+        wins = [sum(ep["success"] for ep in g) for g in groups.values()]
+        assert float(row["rollout/groups"]) == len(groups) == 4
+        assert float(row["rollout/groups_all_success"]) == sum(w == 4 for w in wins) / 4
+        assert float(row["rollout/groups_all_fail"]) == sum(w == 0 for w in wins) / 4
+        assert float(row["rollout/groups_mixed"]) == sum(0 < w < 4 for w in wins) / 4
+        # GRPO: a rollout has an advantage iff its return is off its group's mean
+        effective = [
+            ep["return"]
+            for g in groups.values()
+            for ep in g
+            if ep["return"] != statistics.fmean(e["return"] for e in g)
+        ]
+        assert float(row["train/effective_rows"]) == len(effective)
+        assert float(row["train/effective_reward"]) == pytest.approx(statistics.fmean(effective), abs=1e-6)
+        shown = f"all_ok {float(row['rollout/groups_all_success']):.2f} | all_fail "
+        assert (
+            shown in summaries[it]
+            and f"| eff_reward {float(row['train/effective_reward']):+.2f} |" in summaries[it]
+        )

@@ -4,12 +4,12 @@ trainer.strategy.timeout instead of waiting for it."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import rendezvous
 
 TESTS = Path(__file__).resolve().parents[1]
 TIMEOUT_S, LATE_S = 2, 12
@@ -46,22 +46,20 @@ except RuntimeError as err:
 @pytest.mark.slow  # two processes that import Lightning on 2 cores
 @pytest.mark.timeout(300)
 def test_a_rank_that_never_arrives_ends_the_others_wait() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0"}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(TIMEOUT_S), str(LATE_S)],
-            env={**env, "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    outputs = [rank.communicate(timeout=240) for rank in ranks]
+    with rendezvous() as meet:
+        env = {**os.environ, **meet, "NODE_RANK": "0"}
+        env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-c", RANK, str(TIMEOUT_S), str(LATE_S)],
+                env={**env, "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(2)
+        ]
+        outputs = [rank.communicate(timeout=240) for rank in ranks]
     rank0 = outputs[0][0].strip().splitlines()
     assert rank0, outputs[0][1][-3000:]
     words = rank0[-1].split()

@@ -8,6 +8,7 @@ with one more entry whose unpickling calls ``os.system``; had it run, a marker f
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,3 +125,47 @@ def test_garbage_and_empty_checkpoints_are_one_line_on_every_command_line(tmp_pa
         file = empty if prog in ("ragen2-diagnose", "ragen2-export") else garbage
         assert len(lines) == 1, (prog, lines)  # no traceback
         assert lines[0].startswith(f"{prog}: {key}={file} is ") and lines[0].endswith(fix), (prog, lines)
+
+
+def test_a_checkpoint_with_nonfinite_weights_is_refused_on_every_load_path(
+    train, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from ragen2.diagnose import run as diagnose
+    from ragen2.eval import run as evaluate
+    from ragen2.export import main as export
+    from ragen2.train import run as train_run
+
+    _, cfg = train(["iterations=1"])
+    good = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
+    state = torch.load(good, weights_only=True)
+    key = next(
+        k for k in state["state_dict"] if k.startswith("policy.model.layers.") and k.endswith("weight")
+    )
+    state["state_dict"][key].view(-1)[7] = float("nan")
+    bad = tmp_path / "diverged.ckpt"
+    torch.save(state, bad)
+    refused = (
+        rf"{bad} holds NaN or inf weights \({re.escape(key)}\): .*Fix: pass a checkpoint with finite weights"
+    )
+
+    with pytest.raises(ConfigError, match=rf"^checkpoint={refused}"):
+        evaluate(compose(["model=tiny", f"checkpoint={bad}", f"output={tmp_path / 'e.json'}"], "eval"))
+    with pytest.raises(ConfigError, match=rf"^checkpoint={refused}"):
+        diagnose(compose(["model=tiny", f"checkpoint={bad}", f"output={tmp_path / 'd'}"], "diagnose"))
+    with pytest.raises(SystemExit) as exited:
+        export([str(bad), str(tmp_path / "exported")])
+    assert exited.value.code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.match(rf"^ragen2-export: checkpoint={refused}", line), line
+    assert not (tmp_path / "exported").exists()
+    # training: at start-up, before a model is built, rather than in the middle of the first iteration
+    with pytest.raises(ConfigError, match=rf"^ckpt_path={refused}"):
+        train_run(compose([*FAST, f"ckpt_path={bad}"], run_dir=str(tmp_path / "resumed")))
+    # ckpt_path=auto passes over a diverged newest file to the save before it, saying why
+    folder = tmp_path / "job" / "checkpoints"
+    folder.mkdir(parents=True)
+    os.link(good, folder / "last.1.ckpt")
+    os.utime(folder / "last.1.ckpt", (time.time() - 60, time.time() - 60))
+    os.link(bad, folder / "last.ckpt")
+    assert resolve_ckpt_path("auto", folder, {"SLURM_JOB_ID": "1"}) == str(folder / "last.1.ckpt")
+    assert any("holds NaN or inf weights" in r.getMessage() for r in caplog.records)

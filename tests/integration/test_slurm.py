@@ -10,10 +10,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import free_ports
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,6 +25,7 @@ from ragen2.config import compose as ragen2_compose
 ROOT = CONF_DIR.parent
 LAUNCHERS = sorted(p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
+CLUSTER = ROOT / "slurm" / "local_cluster.sh"
 #: a sweep's jobs as CPU jobs on the local cluster (slurm/local_cluster.sh)
 SLURM_JOBS = [
     "hydra/launcher=slurm",
@@ -114,6 +117,17 @@ def test_every_cell_of_a_sweep_builds_with_the_tiny_model(sweep: str) -> None:
         assert module.algo is not None
 
 
+def _start_cluster(folder: Path, ctld_port: int, slurmd_port: int) -> subprocess.CompletedProcess[str]:
+    """``slurm/local_cluster.sh start <folder>`` with the daemons on these ports."""
+    return subprocess.run(
+        ["bash", str(CLUSTER), "start", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAGEN2_SLURM_PORT": str(ctld_port), "RAGEN2_SLURMD_PORT": str(slurmd_port)},
+    )
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """A one-node cluster on localhost (slurm/local_cluster.sh); yields the environment that reaches it."""
@@ -121,28 +135,55 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
         pytest.skip("slurmctld not installed: apt-get install -y slurm-wlm (see slurm/README.md)")
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster needs root (slurmd, munged)")
-    # not under pytest's tmp_path: its parents are private to root, and munged runs as the munge user
-    folder = Path(tempfile.mkdtemp(prefix="ragen2-slurm."))
-    script = ROOT / "slurm" / "local_cluster.sh"
-    # free ports, so that a cluster someone else runs on the default 6817/6818 is left alone
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        port = a.getsockname()[1]
-        b.bind(("127.0.0.1", port + 1))
-    started = subprocess.run(
-        ["bash", str(script), "start", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "RAGEN2_SLURM_PORT": str(port)},
-    )
-    assert started.returncode == 0, started.stderr
+    for attempt in range(1, 4):
+        # not under pytest's tmp_path: its parents are private to root, and munged runs as the munge user
+        folder = Path(tempfile.mkdtemp(prefix="ragen2-slurm."))
+        # two ports the OS chose free (never the default 6817/6818 of a cluster someone else runs); one taken
+        # in the instant before a daemon binds it ends `start` at once, and another pair is tried
+        started = _start_cluster(folder, *free_ports(2))
+        if started.returncode == 0:
+            break
+        shutil.rmtree(folder, ignore_errors=True)
+        assert attempt < 3, f"the cluster did not start in 3 attempts; the last: {started.stderr}"
     env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"), "RAGEN2_ROOT": str(ROOT)}
     try:
         yield env
     finally:
-        subprocess.run(["bash", str(script), "stop", str(folder)], timeout=60, check=False)
+        subprocess.run(["bash", str(CLUSTER), "stop", str(folder)], timeout=60, check=False)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_taken_port_ends_the_cluster_start_at_once(tmp_path: Path) -> None:
+    """What the fixture's retry relies on: a daemon that cannot bind its port fails ``start`` in seconds,
+    saying why, and leaves no daemon behind (it used to wait for the node, and then hang the next test)."""
+    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+        pytest.skip("needs slurm-wlm and root")
+    folder = Path(tempfile.mkdtemp(prefix="ragen2-slurm."))
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        ctld, slurmd = taken.getsockname()[1], free_ports(1)[0]
+        try:
+            start = time.monotonic()
+            done = _start_cluster(folder, ctld, slurmd)
+            took = time.monotonic() - start
+        finally:
+            subprocess.run(
+                ["bash", str(CLUSTER), "stop", str(folder)], timeout=60, check=False, capture_output=True
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+    assert done.returncode == 1 and took < 60, (took, done.stderr)
+    assert "local_cluster.sh: slurmctld exited: " in done.stderr and "Address already in use" in done.stderr
+    assert not [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _in_cluster(pid, folder)]
+
+
+def _in_cluster(pid: int, folder: Path) -> bool:
+    """Whether process ``pid`` is a daemon of the local cluster in ``folder`` (its command line names it)."""
+    try:
+        return str(folder) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
 
 
 @pytest.mark.slow

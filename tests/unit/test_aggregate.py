@@ -15,11 +15,21 @@ import yaml
 from hydra.core.utils import JobReturn, JobStatus
 
 from ragen2.aggregate import main
-from ragen2.grids import aggregate_folder
+from ragen2.grids import OUTPUTS, aggregate_folder
 from ragen2.grids.forensics import NOT_READABLE, job_problem, log_problem, result_problem
 from ragen2.grids.runs import AggregateError, Run, parse_overrides, run_problem
 from ragen2.grids.stats import Interval, ci95, t_quantile
-from ragen2.grids.table import METRICS, Metric, cell_keys, fmt, pick_key, run_value, swept_keys
+from ragen2.grids.table import (
+    METRICS,
+    Metric,
+    cell_keys,
+    entry,
+    fmt,
+    pick_key,
+    run_value,
+    stat_of,
+    swept_keys,
+)
 
 # ------------------------------------------------------------------------------------------- the math
 
@@ -63,11 +73,31 @@ def test_fmt_shows_mean_and_half_width() -> None:
     assert fmt(Interval(0.123456, 0.1, 0.146912)) == "0.123 ± 0.023"
 
 
-def test_run_value_last_by_iteration_and_best() -> None:
-    series = {"k": [(0.0, 0.5), (2.0, 0.25), (1.0, 0.75), (3.0, math.nan)]}
-    assert run_value(series, "k") == 0.25  # iteration 2 is the last finite one; NaN is skipped
-    assert run_value(series, "k", best=True) == 0.75
+def test_run_value_reads_by_iteration_and_keeps_a_non_finite_end() -> None:
+    series = {"k": [(0.0, 0.5), (2.0, 0.25), (1.0, 0.75)]}
+    assert run_value(series, "k") == 0.25  # iteration 2 is the last, whatever the order of the rows
+    assert run_value(series, "k", "first") == 0.5
+    assert run_value(series, "k", "best") == 0.75
+    assert run_value(series, "k", "mean") == 0.5  # (0.5 + 0.75 + 0.25)/3
     assert run_value(series, "missing") is None
+    # a run that ends on NaN ends there: its last value is NaN (counted), never an earlier pass's
+    ended = {"k": [*series["k"], (3.0, math.nan)]}
+    assert math.isnan(run_value(ended, "k")) and math.isnan(run_value(ended, "k", "mean"))
+    assert run_value(ended, "k", "best") == 0.75  # the largest finite value
+    assert math.isnan(run_value({"k": [(0.0, math.inf), (1.0, math.nan)]}, "k", "best"))
+
+
+def test_a_non_finite_value_is_counted_not_dropped() -> None:
+    # runs ending on 0.5, 1.0 and NaN: the mean and interval of the two finite ones, the third counted
+    stat = stat_of("k", [0.5, 1.0, math.nan, None])
+    assert (stat.values, stat.nonfinite) == ([0.5, 1.0], 1)
+    # mean 0.75, s = 0.353553, half-width 12.706205 · 0.353553/√2 = 3.176551
+    assert stat.interval == pytest.approx((0.75, 0.75 - 3.176551, 0.75 + 3.176551), abs=1e-6)
+    # 4 runs in the cell: 2 finite values, 1 non-finite, 1 that never logged it
+    assert entry(stat, 4) == "0.75 ± 3.2 (n = 2 +1 non-finite)"
+    assert entry(stat_of("k", [0.5, None]), 2) == "0.5 ± — (n = 1)"
+    assert entry(stat_of("k", [0.5, 1.0]), 2) == "0.75 ± 3.2"
+    assert entry(stat_of(None, []), 2) == "—"
 
 
 def test_success_source_is_validation_only_where_every_run_validated() -> None:
@@ -241,6 +271,11 @@ def _rows(success: Sequence[float], val: Sequence[float] = (), mi: float = 0.0) 
                 "diag/first_turn/mi_zscore_ema": mi if last else -1.0,
                 "diag/first_turn/retrieval_above_chance": 0.1 * i,
                 "diag/first_turn/cond_entropy": 2.0 - i,
+                # groups by outcome: half mixed at iteration 0, all at 1; effective reward = success
+                "rollout/groups_all_success": 0.0,
+                "rollout/groups_all_fail": 0.5 - 0.5 * i,
+                "rollout/groups_mixed": 0.5 + 0.5 * i,
+                "train/effective_reward": s,
             }
         )
         if i < len(val):
@@ -323,6 +358,12 @@ def test_grid_tables(tmp_path: Path) -> None:
         "aggregate_metrics.png",
         "aggregate_curves.png",
         "aggregate_trajectories.md",
+        "aggregate_mi_curves.csv",
+        "aggregate_gradients.csv",
+        "aggregate_gradients.png",
+        "aggregate_mi_steps.png",
+        "aggregate_paired.md",
+        "aggregate_paired.csv",
     ]
     assert all(p.parent == grid and p.stat().st_size > 0 for p in report.files)
     table = _csv(grid / "aggregate.csv")
@@ -346,6 +387,13 @@ def test_grid_tables(tmp_path: Path) -> None:
     assert float(top_p["final_reasoning_length_mean"]) == 11.0  # the second iteration's, in every run
     assert float(top_p["final_cond_entropy_mean"]) == 1.0
     assert float(top_p["final_retrieval_above_chance_mean"]) == pytest.approx(0.1)
+    # each run's mean over its 2 iterations: mixed (0.5 + 1)/2 = 0.75 in each run; effective reward = the
+    # run's mean success (0, 0.25) -> 0.125, (0.5, 0.5) -> 0.5, (0.5, 0) -> 0.25: mean 0.291667,
+    # s² = (0.166667² + 0.208333² + 0.041667²)/2 = 0.0364583, s = 0.190941, half = 4.302653 · s/√3 = 0.474323
+    assert float(top_p["mean_mixed_groups_mean"]) == 0.75
+    assert float(top_p["mean_effective_reward_mean"]) == pytest.approx(0.291667, abs=1e-6)
+    assert float(top_p["mean_effective_reward_ci_high"]) == pytest.approx(0.291667 + 0.474323, abs=1e-6)
+    assert top_p["mean_effective_reward_nonfinite"] == "0"
 
     none = table["none"]
     assert (none["n"], none["seeds"], none["failed"]) == ("2", "0, 1", "2")  # seeds 2 and 3 left out
@@ -489,14 +537,125 @@ def test_trajectories_are_per_iteration_means_over_seeds(tmp_path: Path) -> None
     rows = [line for line in top_p.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
     # iteration 0: success [0, 0.5, 0.5] -> mean 0.333, sd √((0.111 + 2 · 0.0278)/2) = 0.289; format never
     # logged; H(Z|X) 2 in each; MI EMA -1 in each (not the last pass); retrieval 0; length 10; no filter keys
-    assert rows[0] == "| 0 | 0.333 ± 0.29 | — | 2 ± 0 | -1 ± 0 | 0 ± 0 | 10 ± 0 | — | — |"
-    # iteration 1: success [0.25, 0.5, 0] -> 0.25 ± 0.25; MI EMA [0.1, 0.2, 0.3] -> 0.2 ± 0.1
-    assert rows[1] == "| 1 | 0.25 ± 0.25 | — | 1 ± 0 | 0.2 ± 0.1 | 0.1 ± 0 | 11 ± 0 | — | — |"
+    # then groups: all-success 0, all-fail 0.5, mixed 0.5 in each run; effective reward = success
+    assert rows[0] == (
+        "| 0 | 0.333 ± 0.29 | — | 2 ± 0 | -1 ± 0 | 0 ± 0 | 10 ± 0 | — | — | 0 ± 0 | 0.5 ± 0 | 0.5 ± 0 | 0.333 ± 0.29 |"
+    )
+    # iteration 1: success [0.25, 0.5, 0] -> 0.25 ± 0.25; MI EMA [0.1, 0.2, 0.3] -> 0.2 ± 0.1; every group mixed
+    assert rows[1] == (
+        "| 1 | 0.25 ± 0.25 | — | 1 ± 0 | 0.2 ± 0.1 | 0.1 ± 0 | 11 ± 0 | — | — | 0 ± 0 | 0 ± 0 | 1 ± 0 | 0.25 ± 0.25 |"
+    )
     # one run: its value, no spread; the cut-short and crashed seeds of filter=none are not in the means
-    assert "| 0 | 0.5 | — | 2 | -1 | 0 | 10 | — | — |" in text.split("## filter=min_p (seeds 0)")[1]
+    assert (
+        "| 0 | 0.5 | — | 2 | -1 | 0 | 10 | — | — | 0 | 0.5 | 0.5 | 0.5 |"
+        in text.split("## filter=min_p (seeds 0)")[1]
+    )
     assert "| 0 | 0.5 ± 0.35 |" in text.split("## filter=none (seeds 0, 1)")[1]
     aggregate_folder(grid, every=2)
     shown = (grid / "aggregate_trajectories.md").read_text()
     assert "| 0 | 0.333 ± 0.29 |" in shown and "| 1 |" not in shown
     with pytest.raises(SystemExit, match=r"--every 0: must be ≥ 1\. Fix: e\.g\. --every 2"):
         main([str(grid), "--every", "0"])
+
+
+def test_the_default_arms_pair_the_grid_by_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = _grid(tmp_path / "sweep")
+    main([str(grid), "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    # top_p seeds 0, 1 against none's complete seeds 0, 1, on rollout/success (none never validated):
+    # (0.25 − 0.5, 0.5 − 1.0) = (−0.25, −0.5): mean −0.375, half 12.706205 · 0.176777/√2 = 1.588276
+    assert "paired filter=top_p − none, all runs: 2 pairs, 1 unpaired; final_success -0.375 ± 1.6" in printed
+    text = (tmp_path / "out" / "aggregate_paired.md").read_text()
+    assert "| final_success | `rollout/success` | 2 | 0.375 | 0.75 | -0.375 ± 1.6 | 0 / 2 |" in text
+    assert (
+        "| job 2 | filter=top_p seed=2 | its filter=none partner (job 5) is left out: 1 of 2 iterations"
+        in text
+    )
+    with (tmp_path / "out" / "aggregate_paired.csv").open() as f:
+        row = next(r for r in csv.DictReader(f) if r["quantity"] == "final_success")
+    assert (row["pairs"], row["seeds"], row["mean_top_p"], row["mean_none"]) == ("2", "0, 1", "0.375", "0.75")
+    assert float(row["ci_high"]) == pytest.approx(-0.375 + 1.588276, abs=1e-6)
+    # arms named: min_p against top_p, one pair (seed 0): 0.5 − 0.25 on rollout/success
+    main([str(grid), "--out", str(tmp_path / "named"), "--pair", "filter=min_p,top_p", "--steps", "0"])
+    assert (
+        "| final_success | `rollout/success` | 1 | 0.5 | 0.25 | 0.25 ± — | 1 / 0 |"
+        in (tmp_path / "named" / "aggregate_paired.md").read_text()
+    )
+    with pytest.raises(
+        SystemExit, match=r"^ragen2-aggregate: --pair filter=top_p,x: no job of the grid overrides"
+    ):
+        main([str(grid), "--out", str(tmp_path / "out"), "--pair", "filter=top_p,x"])
+    with pytest.raises(
+        SystemExit, match=r"^ragen2-aggregate: --steps '4,a': not a list of step counts ≥ 0\. Fix:"
+    ):
+        main([str(grid), "--steps", "4,a"])
+    with pytest.raises(SystemExit, match=r"--steps '-1': not a list"):
+        main([str(grid), "--steps", "-1"])
+
+
+def test_a_grid_without_both_arms_says_it_has_no_pairs(tmp_path: Path) -> None:
+    grid = tmp_path / "sweep"
+    _job(grid, 0, ["seed=0"], _rows([0.5, 1.0]))
+    _job(grid, 1, ["seed=1"], _rows([0.0, 0.5]))
+    (report,) = aggregate_folder(grid)
+    assert report.arms is None and report.comparisons == []
+    assert (
+        "No pairs: the grid has no `filter=top_p` and `filter=none` runs"
+        in (grid / "aggregate_paired.md").read_text()
+    )
+
+
+def test_a_non_finite_value_is_counted_in_the_table(tmp_path: Path) -> None:
+    grid = tmp_path / "sweep"
+    rows = _rows([0.5, 1.0], mi=0.2)
+    rows[-1]["diag/first_turn/mi_zscore_ema"] = math.nan  # the last MI pass of seed 2 is NaN
+    _job(grid, 0, ["seed=0"], _rows([0.5, 1.0], mi=0.1))
+    _job(grid, 1, ["seed=1"], _rows([0.0, 0.5], mi=0.3))
+    _job(grid, 2, ["seed=2"], rows)
+    (report,) = aggregate_folder(grid)
+    (cell,) = report.cells
+    stat = cell.stats["final_mi_zscore_ema"]
+    # (0.1, 0.3): mean 0.2, half 12.706205 · 0.141421/√2 = 1.27; seed 2 counted, never averaged nor read
+    # at its earlier pass (−1)
+    assert (stat.values, stat.nonfinite) == ([0.1, 0.3], 1)
+    # (success (1, 0.5, 1): mean 0.833, s = 0.288675, half 4.302653 · 0.288675/√3 = 0.717; best the same)
+    assert (
+        "| 3 | 0, 1, 2 | rollout/success | 0.833 ± 0.72 | 0.833 ± 0.72 | 0.2 ± 1.3 (n = 2 +1 non-finite) |"
+        in (report.markdown)
+    )
+    with (grid / "aggregate.csv").open() as f:
+        row = next(csv.DictReader(f))
+    assert (row["final_mi_zscore_ema_n"], row["final_mi_zscore_ema_nonfinite"]) == ("2", "1")
+
+
+def test_an_unwritable_destination_is_one_line_before_anything_is_read(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    # the folder does not even exist: --out is checked first
+    with pytest.raises(
+        SystemExit,
+        match=rf"^ragen2-aggregate: --out {blocker}/out: cannot write there \(Not a directory\)\. "
+        r"Fix: --out a folder you can write$",
+    ):
+        main([str(tmp_path / "missing"), "--out", str(blocker / "out")])
+    # several grids: each one's subfolder of --out is checked before the first grid is read
+    parent = tmp_path / "multirun"
+    _grid(parent / "a")
+    _grid(parent / "b")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "b").write_text("")
+    with pytest.raises(
+        SystemExit, match=rf"^ragen2-aggregate: --out {out}: cannot write {out}/b \(File exists\)\. Fix:"
+    ):
+        main([str(parent), "--out", str(out)])
+    assert not (out / "a" / "aggregate.csv").exists()  # no grid was aggregated
+
+
+def test_help_names_every_output_and_the_pairing_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for name in OUTPUTS:
+        assert name.split(".")[0] in text, name
+    assert "--pair PAIR" in text and "--steps STEPS" in text and "matched optimizer steps" in text

@@ -1,4 +1,5 @@
-"""LastCheckpoint's files: durable writes, the previous save kept, finite weights only, a save at SIGTERM.
+"""LastCheckpoint's files: durable writes, the previous save kept, a full disk named, finite weights only, a
+save at SIGTERM.
 
 A real Lightning Trainer fits Lightning's own BoringModel (one batch per epoch, one save per epoch) in
 seconds; the kill test saves 64 MB checkpoints in a subprocess and kills it in the middle of one.
@@ -21,6 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from ragen2.callbacks import LastCheckpoint
+from ragen2.callbacks.checkpoint import DiskFullError, write_checkpoint
 from ragen2.models.checkpoint import read_checkpoint
 from ragen2.resume import last_checkpoint
 from unit.checkpoint_writer import WEIGHT_BYTES, one_batch_trainer
@@ -93,6 +95,39 @@ def test_a_kill_in_the_middle_of_a_save_leaves_a_checkpoint_that_loads(tmp_path:
     state = read_checkpoint(newest)  # the checkpoint a resume takes loads, whole
     assert state["state_dict"]["frozen"].numel() * 4 == WEIGHT_BYTES
     assert newest.name == "last.ckpt" or not (folder / "last.ckpt").exists(), (caught, sorted(sizes))
+
+
+def test_a_full_disk_stops_the_run_and_keeps_the_save_before(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    # from the second save on, no file may pass half a checkpoint's size: the write fails with EFBIG
+    limit = WEIGHT_BYTES // 2
+    writer = [sys.executable, str(HERE / "checkpoint_writer.py"), str(folder), "3", str(limit)]
+    done = subprocess.run(
+        writer, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode != 0
+    # torch alone says "unexpected pos …"; the error names the folder, the cause and the sizes
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("ragen2.callbacks.checkpoint.")]
+    assert line.startswith(
+        f"ragen2.callbacks.checkpoint.DiskFullError: callbacks.checkpoint.dirpath={folder}: the file-size "
+        "limit (ulimit -f) is reached (File too large): the checkpoint needs about 64 MB, "
+    ), line
+    assert "last.ckpt was not written; the checkpoints already there are kept. Fix: " in line
+    assert _epochs(folder) == {"last.ckpt": 0}  # the first save, whole; no temporary file left
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (every write to it: ENOSPC)")
+def test_a_write_to_a_full_disk_says_so(tmp_path: Path) -> None:
+    target = tmp_path / "last.ckpt"
+    torch.save({"w": torch.zeros(1000)}, target)
+    before = target.read_bytes()
+    with pytest.raises(
+        DiskFullError,
+        match=rf"^callbacks\.checkpoint\.dirpath={tmp_path}: the disk is full \(No space left on device\): "
+        r"the checkpoint needs about [\d,]+ bytes, [\d,]+ MB is free\. last\.ckpt was not written",
+    ):
+        write_checkpoint({"w": torch.zeros(1000)}, Path("/dev/full"), target)
+    assert target.read_bytes() == before
 
 
 class _Poison(Callback):

@@ -49,9 +49,21 @@ def test_auto_takes_the_newest_last_checkpoint(tmp_path: Path) -> None:
 def test_explicit_values(tmp_path: Path) -> None:
     ckpt = _touch(tmp_path / "some.ckpt", time.time())
     assert resolve_ckpt_path(str(ckpt), tmp_path, {}) == str(ckpt)
-    assert resolve_ckpt_path("hpc", tmp_path, {}) == "hpc"  # Lightning's own, resolved by Lightning
     with pytest.raises(ConfigError, match=r"ckpt_path=.*missing\.ckpt: no such checkpoint file\. Fix:"):
         resolve_ckpt_path(str(tmp_path / "missing.ckpt"), tmp_path, SLURM_JOB)
+
+
+def test_hpc_is_lightnings_newest_hpc_checkpoint_and_none_is_one_line(tmp_path: Path) -> None:
+    for environ, where in (({}, "and this is no SLURM job"), (SLURM_JOB, "in this SLURM job")):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^ckpt_path=hpc: there is no hpc_ckpt_<n>\.ckpt in {tmp_path} {where} \(Lightning writes .*\)\. "
+            r"Fix: ckpt_path=last",
+        ):
+            resolve_ckpt_path("hpc", tmp_path / "checkpoints", environ, root=tmp_path)
+    _touch(tmp_path / "hpc_ckpt_2.ckpt", time.time())
+    newest = _touch(tmp_path / "hpc_ckpt_10.ckpt", time.time() - 60)  # the highest number, as Lightning picks
+    assert resolve_ckpt_path("hpc", tmp_path / "checkpoints", {}, root=tmp_path) == str(newest)
 
 
 @pytest.mark.parametrize("url", ["s3://bucket/last.ckpt", "https://example.org/last.ckpt"])
@@ -184,7 +196,9 @@ def test_csv_keeps_history_and_logs_each_step_once(tmp_path: Path) -> None:
     assert not (tmp_path / "csv" / "metrics.csv.tmp").exists()
 
 
-def test_csv_fresh_start_in_a_used_folder_replaces_the_rows(tmp_path: Path) -> None:
+def test_csv_restart_from_step_0_replaces_the_attempts_rows(tmp_path: Path) -> None:
+    # a requeued job that saved no checkpoint starts over; another run is refused such a folder at start-up
+    # (ragen2.run_folder), so the rows replaced are the job's own earlier attempt's
     old = _csv_logger(tmp_path)
     for step in range(3):
         old.log_metrics({"x": 1.0}, step=step)
@@ -193,6 +207,33 @@ def test_csv_fresh_start_in_a_used_folder_replaces_the_rows(tmp_path: Path) -> N
     new.log_metrics({"x": 2.0}, step=0)
     new.save()
     assert [(r["step"], r["x"]) for r in _csv_rows(tmp_path)] == [("0", "2.0")]
+
+
+def test_csv_new_column_rewrites_beside_and_a_kill_mid_write_keeps_the_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logger = _csv_logger(tmp_path)
+    for step in range(3):
+        logger.log_metrics({"train/loss": float(step)}, step=step)
+        logger.save()
+    before = (tmp_path / "csv" / "metrics.csv").read_bytes()
+
+    class Killed(BaseException):
+        """The job killed while the file is rewritten under its new header."""
+
+    def killed(self: csv.DictWriter, rows: object) -> None:
+        raise Killed
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", killed)
+    with pytest.raises(Killed):
+        logger.log_metrics({"train/loss": 3.0, "val/success": 0.5}, step=3)  # a column appears: rewrite
+    assert (tmp_path / "csv" / "metrics.csv").read_bytes() == before
+    monkeypatch.undo()
+    restarted = _csv_logger(tmp_path)  # the job again, from its checkpoint after step 2
+    restarted.log_metrics({"train/loss": 3.0, "val/success": 0.5}, step=3)
+    rows = _csv_rows(tmp_path)
+    assert [r["train/loss"] for r in rows] == ["0.0", "1.0", "2.0", "3.0"]
+    assert [r["val/success"] for r in rows] == ["", "", "", "0.5"]
 
 
 def test_tensorboard_restart_hides_the_lost_steps(tmp_path: Path) -> None:

@@ -17,10 +17,11 @@ expected payout (the high-risk arm with the defaults, the reference's definition
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.bandit.names import ARM_NAME_PAIRS
 from ragen2_envs.base import TextEnv
+from ragen2_envs.options import OneOf, Range
 
 
 class BanditEnv(TextEnv):
@@ -33,16 +34,12 @@ class BanditEnv(TextEnv):
         self,
         low_payout: float = 0.1,
         high_payout: float = 1.0,
-        high_prob: float = 0.25,
+        high_prob: Annotated[float, Range(0.0, 1.0)] = 0.25,
         high_fail_payout: float = 0.0,
-        split: str = "train",
+        split: Annotated[str, OneOf(tuple(sorted(ARM_NAME_PAIRS)))] = "train",
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
-        if not 0.0 <= high_prob <= 1.0:
-            raise ValueError(f"bandit high_prob={high_prob}: a probability must be in [0, 1]")
-        if split not in ARM_NAME_PAIRS:
-            raise ValueError(f"bandit split={split!r}: use one of {sorted(ARM_NAME_PAIRS)}")
         self.low_payout = float(low_payout)
         self.high_payout = float(high_payout)
         self.high_prob = float(high_prob)

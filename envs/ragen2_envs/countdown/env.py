@@ -22,13 +22,14 @@ solvable with ``+`` and ``-`` alone, while we keep every row solvable with the f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.base import TextEnv
 from ragen2_envs.countdown.data import load_instances
 from ragen2_envs.countdown.expression import parse_expression
 from ragen2_envs.countdown.generator import CountdownInstance, generate_instance
 from ragen2_envs.countdown.solver import explain, solve
+from ragen2_envs.options import Range
 
 #: redraws of a data row before giving up on finding a solvable one
 MAX_ROW_DRAWS = 100
@@ -43,23 +44,20 @@ class CountdownEnv(TextEnv):
     def __init__(
         self,
         data_path: str | None = None,
-        min_numbers: int = 3,
-        max_numbers: int = 4,
-        max_number: int = 99,
-        max_target: int = 100,
+        min_numbers: Annotated[int, Range(1)] = 3,
+        max_numbers: Annotated[int, Range(1)] = 4,
+        max_number: Annotated[int, Range(1)] = 99,
+        max_target: Annotated[int, Range(1)] = 100,
         ops: str = "+-*/",
         score: float = 1.0,
         format_score: float = 0.1,
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
-        if not 1 <= min_numbers <= max_numbers:
+        if min_numbers > max_numbers:
             raise ValueError(
-                f"countdown min_numbers={min_numbers}, max_numbers={max_numbers}: "
-                "need 1 <= min_numbers <= max_numbers"
+                f"countdown min_numbers={min_numbers}, max_numbers={max_numbers}: need min_numbers <= max_numbers"
             )
-        if max_number < 1 or max_target < 1:
-            raise ValueError(f"countdown max_number={max_number}, max_target={max_target}: both must be >= 1")
         if not ops or set(ops) - set("+-*/") or len(set(ops)) != len(ops):
             raise ValueError(f"countdown ops={ops!r}: use distinct characters from '+-*/'")
         self.data = load_instances(data_path) if data_path is not None else None

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from gymnasium import spaces
 
 from ragen2_envs.base import CHARSET, MAX_TEXT, TextEnv
 from ragen2_envs.deepcoder.grader import extract_code, grade, syntax_error
 from ragen2_envs.deepcoder.loader import problems_for
-from ragen2_envs.deepcoder.problems import Problem
+from ragen2_envs.deepcoder.problems import SPLITS, Problem
 from ragen2_envs.deepcoder.sandbox import SandboxLimits, require_isolation
+from ragen2_envs.options import OneOf, Range
 
 MAX_CODE_CHARS = 32_768
 FEEDBACK_CHARS = 2_000
@@ -38,20 +39,16 @@ class DeepCoderEnv(TextEnv):
     def __init__(
         self,
         data_path: str | Path | None = None,
-        split: str = "train",
-        timeout_s: float = 4.0,
-        memory_mb: int = 512,
-        max_tests: int | None = None,
-        max_attempts: int = 1,
+        split: Annotated[str, OneOf(SPLITS)] = "train",
+        timeout_s: Annotated[float, Range(0.0, low_open=True)] = 4.0,
+        memory_mb: Annotated[int, Range(64)] = 512,  # enough to start Python
+        max_tests: Annotated[int | None, Range(1)] = None,  # None: all tests
+        max_attempts: Annotated[int, Range(1)] = 1,
         allow_unisolated: bool = False,
         python: str | None = None,
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts={max_attempts!r} must be an integer >= 1")
-        if max_tests is not None and (not isinstance(max_tests, int) or max_tests < 1):
-            raise ValueError(f"max_tests={max_tests!r} must be None (all tests) or an integer >= 1")
         self.limits = SandboxLimits(timeout_s=float(timeout_s), memory_mb=memory_mb)
         self.max_attempts = max_attempts
         self.allow_unisolated = allow_unisolated

@@ -29,6 +29,10 @@ fresh process with a fresh ``/tmp``, and its files reach it as inherited descrip
 * fresh size-limited tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` (the
   world-writable folders) for every run; the working folder lives there.
 
+Only bubblewrap keeps the host's files out of sight: under ``unshare`` a program reads whatever "other"
+may (``/etc/passwd``, a world-readable checkout). So a result says ``isolated=True`` under bubblewrap only,
+and the automatic fallback to ``unshare`` logs a warning once per process, naming why bubblewrap is unusable.
+
 Both: rlimits on CPU time, address space, file size (bounds its output too), open files and
 processes (``max_procs`` counts every process of the run, the program included); a scrubbed
 environment (``PATH``, ``LANG``, ``HOME`` only), ``python -I``, no new privileges; a wall-clock
@@ -146,12 +150,17 @@ class Result:
 
 @dataclass(frozen=True)
 class Isolation:
-    """Whether isolated runs are possible, why not, which method and which interpreter they use."""
+    """Whether sandboxed runs are possible, why not, which method and which interpreter they use."""
 
     available: bool
     reason: str
     python: str | None
     method: str | None = None  # "bwrap" or "unshare" when available
+
+    @property
+    def isolated(self) -> bool:
+        """Whether runs are isolated from the host's files too (bubblewrap; ``unshare`` leaves them readable)."""
+        return self.available and self.method == "bwrap"
 
 
 def _usable_by_unprivileged(path: str) -> bool:
@@ -206,9 +215,10 @@ def _probe_unshare() -> Isolation:
             continue
         run = _run_batch(PROBE_CODE, [""], SandboxLimits(5.0), python, "unshare")[0]
         if run.ok and run.stdout.strip() == "3":
-            return Isolation(
-                True, f"isolated: namespaces + unprivileged uid, interpreter {python}", python, "unshare"
+            reason = (
+                f"partly isolated: namespaces + unprivileged uid, host files readable, interpreter {python}"
             )
+            return Isolation(True, reason, python, "unshare")
     tried = ", ".join(_candidate_pythons())
     return Isolation(False, f"no Python 3 an unprivileged uid can execute (tried {tried})", None)
 
@@ -369,6 +379,8 @@ def _select(method: str | None, allow_unisolated: bool) -> Isolation | None:
         )
     status = isolation_status() if method is None else probe(method)
     if status.available:
+        if method is None and not status.isolated:
+            _warn_fallback(status.reason)
         return status
     if not allow_unisolated:
         raise SandboxUnavailable(
@@ -380,9 +392,22 @@ def _select(method: str | None, allow_unisolated: bool) -> Isolation | None:
     return None
 
 
+@functools.cache
+def _warn_fallback(reason: str) -> None:
+    """Once per process: the sandbox fell back to ``unshare``, which leaves the host's files readable."""
+    log.warning(
+        "sandboxing untrusted code with unshare, which leaves host files readable to it (/etc/passwd, a "
+        "world-readable checkout): %s. Fix: install bubblewrap >= 0.8 (apt-get install bubblewrap)",
+        reason,
+    )
+
+
 def require_isolation(allow_unisolated: bool, method: str | None = None) -> bool:
-    """True when runs will be isolated; otherwise raise, or warn when the caller opted in."""
-    return _select(method, allow_unisolated) is not None
+    """True when runs will be isolated, host files included (bubblewrap); False for the ``unshare`` fallback
+    (host files readable) and for opted-in unisolated runs, with a warning; raises when nothing can sandbox
+    and the caller did not opt in."""
+    selected = _select(method, allow_unisolated)
+    return selected is not None and selected.isolated
 
 
 def run_python(
@@ -476,7 +501,7 @@ def _run_batch(
                     timed_out=status["timed_out"] or status["signal"] == signal.SIGXCPU,
                     wall_s=status["wall_s"],
                     output_truncated=cut_out or cut_err,
-                    isolated=method is not None,
+                    isolated=method == "bwrap",  # unshare leaves host files readable
                 )
             )
         return results

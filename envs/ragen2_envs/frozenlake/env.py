@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ragen2_envs.frozenlake.solver import (
     shortest_path,
     slip_direction,
 )
+from ragen2_envs.options import OneOf, Range
 
 OBSERVATIONS = ("grid", "coord", "grid_coord")
 PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "P", "_", "O", "G", "X", "√"
@@ -49,24 +50,14 @@ class FrozenLakeEnv(TextEnv):
 
     def __init__(
         self,
-        size: int = 4,
-        p: float = 0.9,
-        success_rate: float = 0.8,
-        max_steps: int = 100,
-        observation: str = "grid",
+        size: Annotated[int, Range(2)] = 4,
+        p: Annotated[float, Range(0.0, 1.0, low_open=True)] = 0.9,  # a tile is frozen
+        success_rate: Annotated[float, Range(0.0, 1.0)] = 0.8,  # 1.0: not slippery
+        max_steps: Annotated[int, Range(1)] = 100,
+        observation: Annotated[str, OneOf(OBSERVATIONS)] = "grid",
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
-        if size < 2:
-            raise ValueError(f"size={size} must be >= 2")
-        if not 0.0 < p <= 1.0:
-            raise ValueError(f"p={p} is the probability a tile is frozen; it must be in (0, 1]")
-        if not 0.0 <= success_rate <= 1.0:
-            raise ValueError(f"success_rate={success_rate} must be in [0, 1] (1.0 = not slippery)")
-        if max_steps < 1:
-            raise ValueError(f"max_steps={max_steps} must be >= 1")
-        if observation not in OBSERVATIONS:
-            raise ValueError(f"observation={observation!r} is not one of {OBSERVATIONS}")
         self.size = size
         self.p = p
         self.success_rate = success_rate

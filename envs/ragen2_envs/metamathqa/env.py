@@ -18,13 +18,14 @@ into train/test by hashing (see :mod:`ragen2_envs.metamathqa.generator` and ``da
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.base import TextEnv
 from ragen2_envs.metamathqa.answers import answers_match
 from ragen2_envs.metamathqa.data import load_problems
 from ragen2_envs.metamathqa.generator import MathProblem, generate_problem
-from ragen2_envs.metamathqa.split import check_split
+from ragen2_envs.metamathqa.split import SPLITS
+from ragen2_envs.options import OneOf, Range
 
 #: a final answer is short; anything longer is a malformed action, and this bounds matching work
 MAX_ANSWER_CHARS = 500
@@ -39,15 +40,14 @@ class MetaMathQAEnv(TextEnv):
     def __init__(
         self,
         data_path: str | None = None,
-        split: str = "train",
-        test_fraction: float = 0.1,
-        max_attempts: int = 5,
+        split: Annotated[str, OneOf(SPLITS)] = "train",
+        test_fraction: Annotated[
+            float, Range(0.0, 1.0, low_open=True, high_open=True)
+        ] = 0.1,  # both hold some
+        max_attempts: Annotated[int, Range(1)] = 5,
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
-        check_split(split, test_fraction)
-        if max_attempts < 1:
-            raise ValueError(f"metamathqa max_attempts={max_attempts}: allow at least 1 attempt")
         self.split = split
         self.test_fraction = float(test_fraction)
         self.max_attempts = int(max_attempts)

@@ -11,9 +11,10 @@ and changes nothing (the reference guesses an answer from free text and ends the
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.base import TextEnv
+from ragen2_envs.options import OneOf, Range
 from ragen2_envs.searchqa.data import QAExample, load_corpus_jsonl, load_qa_jsonl
 from ragen2_envs.searchqa.kb import build_knowledge_base
 from ragen2_envs.searchqa.retrieval import (
@@ -43,13 +44,13 @@ class SearchQAEnv(TextEnv):
         self,
         data_path: str | None = None,
         corpus_path: str | None = None,
-        split: str = "train",
-        kb_seed: int = 0,
-        retriever: str = "bm25",
-        top_k: int = 3,
-        max_obs_chars: int = 1500,
-        max_searches: int = 10,
-        f1_threshold: float = 0.3,
+        split: Annotated[str, OneOf(SPLITS)] = "train",
+        kb_seed: Annotated[int, Range(0)] = 0,
+        retriever: Annotated[str, OneOf(RETRIEVERS)] = "bm25",
+        top_k: Annotated[int, Range(1)] = 3,
+        max_obs_chars: Annotated[int, Range(50)] = 1500,  # enough to show a passage
+        max_searches: Annotated[int, Range(1)] = 10,
+        f1_threshold: Annotated[float, Range(0.0, 1.0)] = 0.3,
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
@@ -58,18 +59,6 @@ class SearchQAEnv(TextEnv):
                 f"data_path={data_path!r}, corpus_path={corpus_path!r}: give both (questions JSONL and "
                 "corpus JSONL) or neither (the built-in knowledge base)"
             )
-        if split not in SPLITS:
-            raise ValueError(f"split={split!r} is not one of {SPLITS}")
-        if retriever not in RETRIEVERS:
-            raise ValueError(f"retriever={retriever!r} is not one of {RETRIEVERS}")
-        if top_k < 1:
-            raise ValueError(f"top_k={top_k} must be >= 1")
-        if max_obs_chars < 50:
-            raise ValueError(f"max_obs_chars={max_obs_chars} must be >= 50 to show any passage")
-        if max_searches < 1:
-            raise ValueError(f"max_searches={max_searches} must be >= 1")
-        if not 0.0 <= f1_threshold <= 1.0:
-            raise ValueError(f"f1_threshold={f1_threshold} must lie in [0, 1]")
         self.top_k = top_k
         self.max_obs_chars = max_obs_chars
         self.max_searches = max_searches

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.base import TextEnv
+from ragen2_envs.options import OneOf, Range
 from ragen2_envs.sokoban.board import ACTIONS, LEGEND, SokobanState
 from ragen2_envs.sokoban.generator import generate_puzzle
 from ragen2_envs.sokoban.solver import explain, solve
@@ -36,40 +37,26 @@ class SokobanEnv(TextEnv):
     def __init__(
         self,
         dim_room: Sequence[int] = (6, 6),
-        num_boxes: int = 1,
-        max_steps: int = 100,
-        search_depth: int = 300,
-        num_gen_steps: int | None = None,
-        p_change_directions: float = 0.35,
-        min_optimal_length: int = 1,
-        max_optimal_length: int | None = 10,
-        max_gen_tries: int = 1000,
-        observation: str = "grid",
+        num_boxes: Annotated[int, Range(1)] = 1,
+        max_steps: Annotated[int, Range(1)] = 100,
+        search_depth: Annotated[int, Range(1)] = 300,  # reverse moves explored
+        num_gen_steps: Annotated[int | None, Range(1)] = None,  # None: 1.7 × (rows + cols)
+        p_change_directions: Annotated[float, Range(0.0, 1.0)] = 0.35,
+        min_optimal_length: Annotated[int, Range(0)] = 1,
+        max_optimal_length: Annotated[int | None, Range(1)] = 10,  # None: no limit
+        max_gen_tries: Annotated[int, Range(1)] = 1000,
+        observation: Annotated[str, OneOf(OBSERVATIONS)] = "grid",
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
         dims = tuple(int(d) for d in dim_room)
         if len(dims) != 2 or min(dims) < 3:
             raise ValueError(f"dim_room={list(dim_room)} must be two sizes >= 3 (rows, cols), e.g. [6, 6]")
-        if num_boxes < 1:
-            raise ValueError(f"num_boxes={num_boxes} must be >= 1")
-        if max_steps < 1:
-            raise ValueError(f"max_steps={max_steps} must be >= 1")
-        if search_depth < 1:
-            raise ValueError(f"search_depth={search_depth} must be >= 1 (reverse moves explored)")
-        if max_optimal_length is not None and max_optimal_length < max(1, min_optimal_length):
+        if max_optimal_length is not None and max_optimal_length < min_optimal_length:
             raise ValueError(
-                f"max_optimal_length={max_optimal_length} must be >= min_optimal_length={min_optimal_length} "
-                "and >= 1, or null for no limit"
+                f"max_optimal_length={max_optimal_length} must be >= min_optimal_length={min_optimal_length}, "
+                "or null for no limit"
             )
-        if num_gen_steps is not None and num_gen_steps < 1:
-            raise ValueError(f"num_gen_steps={num_gen_steps} must be >= 1, or null for 1.7 × (rows + cols)")
-        if not 0.0 <= p_change_directions <= 1.0:
-            raise ValueError(f"p_change_directions={p_change_directions} must be a probability in [0, 1]")
-        if max_gen_tries < 1:
-            raise ValueError(f"max_gen_tries={max_gen_tries} must be >= 1")
-        if observation not in OBSERVATIONS:
-            raise ValueError(f"observation={observation!r} is not one of {OBSERVATIONS}")
         self.dim_room: tuple[int, int] = (dims[0], dims[1])
         self.num_boxes = num_boxes
         self.max_steps = max_steps

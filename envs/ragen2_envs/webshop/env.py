@@ -16,9 +16,10 @@ rather than pyserini; ``search`` is valid only on the search page, as in RAGEN's
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.base import TextEnv
+from ragen2_envs.options import OneOf, Range
 from ragen2_envs.searchqa.retrieval import BM25Index, cached_bm25
 from ragen2_envs.searchqa.text import to_charset
 from ragen2_envs.webshop.catalog import (
@@ -49,12 +50,12 @@ class WebShopEnv(TextEnv):
         self,
         products_path: str | None = None,
         instructions_path: str | None = None,
-        num_products: int | None = None,
-        catalog_seed: int = 0,
-        split: str = "train",
+        num_products: Annotated[int | None, Range(1)] = None,
+        catalog_seed: Annotated[int, Range(0)] = 0,
+        split: Annotated[str, OneOf(SPLITS)] = "train",
         dense_reward: bool = False,
-        results_per_page: int = 10,
-        max_results: int = 50,
+        results_per_page: Annotated[int, Range(1)] = 10,
+        max_results: Annotated[int, Range(1)] = 50,
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
@@ -63,11 +64,9 @@ class WebShopEnv(TextEnv):
                 f"products_path={products_path!r}, instructions_path={instructions_path!r}: give both "
                 "(WebShop's items_shuffle*.json and items_ins*.json) or neither (the generated catalogue)"
             )
-        if split not in SPLITS:
-            raise ValueError(f"split={split!r} is not one of {SPLITS}")
-        if results_per_page < 1 or max_results < results_per_page:
+        if max_results < results_per_page:
             raise ValueError(
-                f"results_per_page={results_per_page}, max_results={max_results}: need 1 <= results_per_page "
+                f"results_per_page={results_per_page}, max_results={max_results}: need results_per_page "
                 "<= max_results"
             )
         self.dense_reward = dense_reward

@@ -4,13 +4,24 @@ docs/method.md §2: turn t's prompt ids = turn t−1's prompt ids + the ids samp
 template adds to close that assistant turn + the rendered ids of the next user message (with the
 assistant header and the forced ``<think>``). History is never re-rendered, so every prompt is an exact
 prefix of the final training sequence. The two template fragments (the assistant-turn closer and the
-user-turn wrapper) are found once, by rendering placeholders, and checked to be prefix-stable.
+user-turn wrapper) are found once, by rendering placeholders.
+
+That is only the conversation the model's template would write when the template keeps history verbatim:
+``template_fragments`` renders an assistant turn as the protocol writes it (``<think>…</think><answer>…
+</answer>``) and refuses a template that changes it, renders it differently once a later turn follows, or
+opens the assistant turn with other text than its generation prompt. Qwen3's templates are refused (they
+move the last turn's reasoning into ``<think>\n…\n</think>\n\n`` and drop it from earlier turns);
+Qwen2.5's, SmolLM2's and other plain ChatML templates pass. ``check_chat_template`` runs it when an
+``EpisodeRunner`` is built, before the first rollout (in training, before the model loads).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from ragen2.config import ConfigError
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -19,6 +30,8 @@ ANSWER_CLOSE = "</answer>"
 
 _ASSISTANT = "\x00ASSISTANT\x00"
 _USER = "\x00USER\x00"
+# an assistant turn as the protocol writes it: the forced <think> (in the prompt), then the sampled text
+_REPLY = f"{THINK_OPEN}\x00REASONING\x00{THINK_CLOSE}{ANSWER_OPEN}{_ASSISTANT}{ANSWER_CLOSE}"
 
 
 @dataclass(frozen=True)
@@ -28,28 +41,40 @@ class TemplateFragments:
     user_suffix: str  # text after it, through the assistant generation header
 
 
-def template_fragments(tokenizer, system_prompt: str) -> TemplateFragments:
-    """Split the chat template into the pieces appended between turns, checking prefix stability."""
+def template_fragments(tokenizer: Any, system_prompt: str) -> TemplateFragments:
+    """Split the chat template into the pieces appended between turns; a ``ConfigError`` naming the model
+    when the template does not keep history verbatim (the module's docstring)."""
 
     def render(messages: list[dict[str, str]], gen: bool) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
 
     head = [{"role": "system", "content": system_prompt}, {"role": "user", "content": "u"}]
-    with_assistant = render([*head, {"role": "assistant", "content": _ASSISTANT}], gen=False)
-    with_user = render(
-        [*head, {"role": "assistant", "content": _ASSISTANT}, {"role": "user", "content": _USER}], gen=True
+    reply = {"role": "assistant", "content": _REPLY}
+    with_assistant = render([*head, reply], gen=False)
+    with_user = render([*head, reply, {"role": "user", "content": _USER}], gen=True)
+    cut = with_assistant.find(_REPLY)
+    if cut < 0:
+        why = "it rewrites an assistant turn's <think>…</think><answer>…</answer> text"
+    elif not with_user.startswith(with_assistant) or _USER not in with_user[len(with_assistant) :]:
+        why = "a later turn changes how it renders the earlier ones"
+    elif with_assistant[:cut] != render(head, gen=True):
+        why = "it opens an assistant turn with other text than its generation prompt"
+    else:
+        closer = with_assistant[cut + len(_REPLY) :]
+        user_prefix, user_suffix = with_user[len(with_assistant) :].split(_USER)
+        return TemplateFragments(closer=closer, user_prefix=user_prefix, user_suffix=user_suffix)
+    model = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    raise ConfigError(
+        f"model.name_or_path={model!r}: its chat template does not keep history verbatim ({why}), so "
+        "prompts cannot grow by appending the sampled ids (docs/method.md §2); Qwen3's templates drop "
+        "earlier <think> blocks. Fix: a model whose template keeps every turn as written (Qwen2.5-Instruct, "
+        "SmolLM2, plain ChatML), or put such a chat_template in the model folder's tokenizer_config.json"
     )
-    cut = with_assistant.find(_ASSISTANT)
-    if cut < 0 or not with_user.startswith(with_assistant):
-        raise ValueError(
-            "the model's chat template re-renders history (a later turn changes earlier text), so the "
-            "context cannot grow by appending ids. Fix: use a model whose chat template is prefix-stable "
-            "(ChatML, Llama-3, Qwen2.5 instruct) or set model.chat_template to one that is."
-        )
-    closer = with_assistant[cut + len(_ASSISTANT) :]
-    user_turn = with_user[len(with_assistant) :]
-    user_prefix, user_suffix = user_turn.split(_USER)
-    return TemplateFragments(closer=closer, user_prefix=user_prefix, user_suffix=user_suffix)
+
+
+def check_chat_template(tokenizer: Any) -> None:
+    """Refuse, at start-up, a chat template under which prompts cannot grow by appending ids."""
+    template_fragments(tokenizer, "You are an agent.")
 
 
 class ChatRenderer:

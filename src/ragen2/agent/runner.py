@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ragen2.agent.episode import ENV_TIMEOUT, Episode, Turn
 from ragen2.agent.parsing import ACTION_SEP, parse_turn
 from ragen2.agent.reasoning import reasoning_ids
-from ragen2.agent.render import ChatRenderer
+from ragen2.agent.render import ChatRenderer, check_chat_template
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
 from ragen2.log import log
 from ragen2.progress import bar
@@ -105,6 +105,7 @@ class EpisodeRunner:
         self.cfg = cfg
         self.params = params
         self.env_id = env_id
+        check_chat_template(tokenizer)  # before the first rollout: a history-rewriting template is refused
         special = {tokenizer.eos_token, tokenizer.pad_token}
         self._strip = tuple(s for s in special if s)
 
@@ -119,12 +120,14 @@ class EpisodeRunner:
         sample_seed: int,
         params: SamplingParams | None = None,
         desc: str = "rollout",
+        group_done: Callable[[list[Episode]], None] | None = None,
     ) -> list[Episode]:
         """Roll out ``group_size`` episodes for each instance seed; ``sample_seed`` seeds the sampler.
 
         ``params`` replaces the runner's sampling parameters for this collection (e.g. greedy
         evaluation); the prompts state the runner's own token limit either way. ``desc`` names the
-        progress bar (interactive terminals only).
+        progress bar (interactive terminals only). ``group_done`` gets each seed's episodes as soon as
+        all of them have ended (a caller can write them out before the slowest group finishes).
         """
         params = params or self.params
         envs: list[tuple[Any, ChatRenderer]] = []
@@ -165,6 +168,8 @@ class EpisodeRunner:
         # an episode whose env timed out leaves for good: its env is never reset, stepped or rendered again
         # (a timed-out reset's prompt reads only what the env's configuration fixes: instructions, example)
         active = [i for i, ep in enumerate(episodes) if not ep.end_reason]
+        report = _GroupReport(episodes, group_size, group_done)
+        report(active)
         with bar(self.cfg.max_turns, desc, "turn") as progress:
             for turn in range(1, self.cfg.max_turns + 1):
                 meta = None
@@ -208,10 +213,12 @@ class EpisodeRunner:
                     prompts[i], observations[i] = nxt, obs
                     still_active.append(i)
                 active = still_active
+                report(active)
                 progress.update()
                 progress.set_postfix_str(f"{len(episodes) - len(active)}/{len(episodes)} episodes done")
                 if not active:
                     break
+        report(())  # every episode has ended: the groups the oracle's plans ended before a turn too
         return episodes
 
     def _call(self, ep: Episode, call: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -302,6 +309,24 @@ class EpisodeRunner:
             infos=infos,
         )
         return turn, timed_out
+
+
+class _GroupReport:
+    """Hands each group's episodes to ``done`` once, when none of them is still active."""
+
+    def __init__(
+        self, episodes: list[Episode], group_size: int, done: Callable[[list[Episode]], None] | None
+    ) -> None:
+        self.episodes, self.group_size, self.done = episodes, group_size, done
+        self.waiting = list(range(len(episodes) // group_size))
+
+    def __call__(self, active: Sequence[int]) -> None:
+        if self.done is None:
+            return
+        busy = {i // self.group_size for i in active}
+        for g in [g for g in self.waiting if g not in busy]:
+            self.done(self.episodes[g * self.group_size : (g + 1) * self.group_size])
+            self.waiting.remove(g)
 
 
 def _end_unsampled(ep: Episode, prompt: list[int], observation: str) -> None:

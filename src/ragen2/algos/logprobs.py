@@ -1,13 +1,17 @@
 """Token log-probabilities and entropies of sampled tokens, without a [B, T, V] tensor; masked means.
 
-The one implementation the update and its tests use. ``token_stats`` applies the LM head to the hidden
-states that predict the tokens, chunk by chunk: log p = gather(l, id) − logsumexp(l) and
+The one implementation the update, its tests and cross-scoring use. ``token_stats`` applies the LM head to
+the hidden states that predict the tokens, chunk by chunk: log p = gather(l, id) − logsumexp(l) and
 H = logsumexp(l) − Σ softmax(l)·l (verl's ``logprobs_from_logits`` / ``entropy_from_logits``) over
 l = head(h) / T. ``sampled_logprobs`` runs it on the loss-masked positions of a [B, T] batch only.
 Departures from verl: the head itself runs inside the chunks, so no full-batch logits exist; when
 gradients are on every chunk is activation-checkpointed, so the forward keeps no [rows, V]
 intermediate (logits, softmax, fp32 upcast) alive and the backward recomputes one chunk at a time.
 Half-precision logits are upcast to fp32 per chunk.
+
+A chunk holds at most ``LOGIT_BUDGET`` logits (``chunk_rows_for``): 1,024 rows of SmolLM2's 49,152-token
+vocabulary, 331 of Qwen2.5's 151,936, so a pass's peak memory does not grow with the vocabulary (measured
+at 64 rows: bench/bench_vocab_memory.py).
 """
 
 from __future__ import annotations
@@ -17,9 +21,28 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["masked_mean", "sampled_logprobs", "token_stats"]
+__all__ = ["LOGIT_BUDGET", "chunk_rows_for", "masked_mean", "sampled_logprobs", "token_stats"]
 
 Head = Callable[[torch.Tensor], torch.Tensor]  # [n, H] hidden states -> [n, V] logits
+# logits per chunk (192 MiB in fp32): a chunk's few [rows, V] intermediates stay around a GiB at any V
+LOGIT_BUDGET = 1024 * 49152
+
+
+def chunk_rows_for(vocab: int, budget: int = LOGIT_BUDGET) -> int:
+    """Rows of ``vocab`` logits that fit ``budget`` logits (at least one)."""
+    return max(1, budget // vocab)
+
+
+def _vocab(head: Head, hidden: torch.Tensor) -> int:
+    """The head's output width: an ``nn.Linear``'s ``out_features``, the logits' own width with the
+    identity head, else one row's logits."""
+    out = getattr(head, "out_features", None)
+    if isinstance(out, int):
+        return out
+    if head is _identity:
+        return hidden.shape[-1]
+    with torch.no_grad():
+        return head(hidden[:1]).shape[-1]
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -37,14 +60,15 @@ def token_stats(
     head: Head = _identity,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    chunk_rows: int = 1024,
+    chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[N] log-probs of ``ids`` under softmax(head(hidden) / T) and, if asked, [N] entropies of it.
 
-    ``temperature`` ≤ 0 means greedy sampling, scored at T = 1.
+    ``temperature`` ≤ 0 means greedy sampling, scored at T = 1. ``chunk_rows``: rows per chunk; None
+    fits ``LOGIT_BUDGET`` logits in a chunk (``chunk_rows_for``).
     """
-    if not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}; use e.g. 1024")
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise ValueError(f"chunk_rows must be a positive int or None, got {chunk_rows!r}; use e.g. 1024")
     if hidden.dim() != 2 or ids.shape != hidden.shape[:1]:
         raise ValueError(
             f"token_stats: hidden {tuple(hidden.shape)} and ids {tuple(ids.shape)} disagree; "
@@ -53,6 +77,7 @@ def token_stats(
     if ids.dtype != torch.long:
         raise ValueError(f"token_stats: ids must be torch.long, got {ids.dtype}")
     scale = 1.0 / temperature if temperature > 0 else 1.0
+    rows = chunk_rows or (chunk_rows_for(_vocab(head, hidden)) if hidden.shape[0] else 1)
 
     def chunk_stats(h: torch.Tensor, chunk_ids: torch.Tensor) -> torch.Tensor:
         logits = head(h)
@@ -65,10 +90,10 @@ def token_stats(
 
     use_ckpt = torch.is_grad_enabled()
     parts = [
-        checkpoint(chunk_stats, hidden[s : s + chunk_rows], ids[s : s + chunk_rows], use_reentrant=False)
+        checkpoint(chunk_stats, hidden[s : s + rows], ids[s : s + rows], use_reentrant=False)
         if use_ckpt
-        else chunk_stats(hidden[s : s + chunk_rows], ids[s : s + chunk_rows])
-        for s in range(0, hidden.shape[0], chunk_rows)
+        else chunk_stats(hidden[s : s + rows], ids[s : s + rows])
+        for s in range(0, hidden.shape[0], rows)
     ]
     width = 2 if with_entropy else 1
     stats = torch.cat(parts) if parts else hidden.new_zeros((0, width), dtype=_compute_dtype(hidden.dtype))
@@ -82,7 +107,7 @@ def sampled_logprobs(
     head: Head,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    chunk_rows: int = 1024,
+    chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[b, T] fp32 log-probs (and entropies) of the loss-masked tokens, 0 elsewhere.
 

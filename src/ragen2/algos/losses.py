@@ -11,9 +11,14 @@ and `compute_value_loss`, plus DAPO's overlong reward shaping. Departures from v
   and `clipfrac_low` (A < 0, ratio below 1−ε_low); `clipfrac` is their sum, verl's number.
 - `gspo_surrogate` computes the sequence ratio per *segment* (per turn) rather than per row: GSPO
   assumes one response per sequence, a multi-turn row holds several.
+- `tis_weights` is verl's truncated importance sampling (`tis_imp_ratio_cap`) as a weight on the
+  advantages: every objective here is linear in the advantage with a positive factor, so scaling the
+  advantage scales the token's loss (docs/method.md §6).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -26,6 +31,7 @@ __all__ = [
     "entropy_loss",
     "gspo_surrogate",
     "overlong_penalty",
+    "tis_weights",
     "value_loss",
 ]
 
@@ -245,3 +251,19 @@ def overlong_penalty(
         return -penalty * (lengths > max_len).to(lengths.dtype)
     frac = torch.clamp((lengths - (max_len - cache_len)) / cache_len, 0.0, 1.0)  # [B]
     return -penalty * frac
+
+
+def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling: per sampled token, w = min(π_old(a) / π_sampler(a), cap), detached.
+
+    The tokens were drawn from the sampler's distribution (its own kernels, precision or engine), the loss
+    is the training model's: w re-weights each token towards what π_old would have drawn, and the cap
+    bounds the variance. ``old_logp``, ``sampler_logp``: [B, T]; a NaN sampler log-prob (a sampler that
+    reports none) weighs 1.
+    """
+    _check_same_shape(old_logp=old_logp, sampler_logp=sampler_logp)
+    if not cap > 0:
+        raise ValueError(f"tis_weights: cap={cap} must be > 0 (the largest weight). Fix: e.g. cap=2.0")
+    log_ratio = (old_logp - sampler_logp).detach()
+    weights = torch.exp(log_ratio.clamp(max=math.log(cap)))  # exp(min(Δ, log cap)) = min(e^Δ, cap)
+    return torch.where(torch.isnan(sampler_logp), torch.ones_like(weights), weights)

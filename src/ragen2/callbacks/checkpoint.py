@@ -9,6 +9,9 @@
   ``$TMPDIR`` and, where that is another filesystem (a node-local /tmp, a shared run folder), copied it over
   ``last.ckpt``: a kill mid-copy left it truncated. ``ckpt_path=auto``/``last`` (``ragen2.resume``) take the
   newest ``last*.ckpt`` that loads.
+- **A full disk** (``ENOSPC``, a quota, a file-size limit): the temporary file is removed, the previous saves
+  stay as they were, and the run stops with ``DiskFullError``, one line naming the folder, the space the save
+  needs and the space free (torch alone reports a failed write as "unexpected pos …").
 - **Finite weights only.** Before each save every trained parameter is checked (under FSDP2 each rank
   checks its own shard), with one all-reduce: non-finite weights raise ``NonFiniteWeightsError`` on every
   rank instead of replacing the last finite checkpoint.
@@ -21,13 +24,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any, cast
 
 import lightning as L
 import torch
@@ -45,8 +50,74 @@ from ragen2.resume import rotated
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM  # the shell's status for a process ended by SIGTERM
 
 
+#: a write that failed for want of room: a full disk, a full quota, the process's file-size limit
+NO_ROOM = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file-size limit (ulimit -f) is reached",
+}
+
+
 class NonFiniteWeightsError(RuntimeError):
     """A trained parameter holds NaN or ±inf at a save: the checkpoint on disk is kept, the run stops."""
+
+
+class DiskFullError(ConfigError):
+    """A checkpoint that did not fit where it is written: the earlier saves are kept, the run stops."""
+
+
+class _Sink:
+    """The file ``torch.save`` writes through, keeping the error of a failed write (torch reports one as a
+    bare "unexpected pos" RuntimeError)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:,.0f} MB" if size >= 1e6 else f"{size:,} bytes"
+
+
+def write_checkpoint(checkpoint: dict[str, Any], path: Path, target: Path) -> None:
+    """``torch.save`` to ``path``, flushed and fsynced, on its way to ``target``. A write that fails for want of
+    room raises ``DiskFullError`` naming the folder, what the save needs (the size of the save it replaces)
+    and what is free. Removing ``path`` after a failure is the caller's."""
+    try:
+        with path.open("wb") as f:
+            sink = _Sink(f)
+            try:
+                torch.save(checkpoint, cast(IO[bytes], sink))  # torch calls only write and flush
+            except RuntimeError:
+                if sink.error is None:
+                    raise
+                raise sink.error from None
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # closing the file can fail the same way, and then replaces the first error
+        if err.errno not in NO_ROOM:
+            raise
+        folder = target.parent
+        needs = (
+            f"the checkpoint needs about {_megabytes(target.stat().st_size)}, " if target.is_file() else ""
+        )
+        raise DiskFullError(
+            f"callbacks.checkpoint.dirpath={folder}: {NO_ROOM[err.errno]} ({err.strerror}): {needs}"
+            f"{_megabytes(shutil.disk_usage(folder).free)} is free. {target.name} was not written; the "
+            "checkpoints already there are kept. Fix: free space there (or raise the limit), or "
+            "callbacks.checkpoint.dirpath=<a folder with room> (callbacks.checkpoint.keep=1 halves the space "
+            "taken), then resume with ckpt_path=<its last.ckpt>"
+        ) from None
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -59,10 +130,11 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _loads(path: Path) -> bool:
+    """Whether ``path`` is a whole checkpoint (its weights are not read: this writer never saves non-finite ones)."""
     from ragen2.models.checkpoint import CheckpointError, read_checkpoint
 
     try:
-        read_checkpoint(path)
+        read_checkpoint(path, finite=False)
     except CheckpointError:
         return False
     return True
@@ -87,10 +159,7 @@ class DurableCheckpointIO(TorchCheckpointIO):
             stale.unlink(missing_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            with tmp.open("wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
+            write_checkpoint(checkpoint, tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -17,7 +17,12 @@ KEYS = (
     ("success", "rollout/success", "{:.2f}"),
     ("return", "rollout/return", "{:+.2f}"),
     ("format", "rollout/format_valid_rate", "{:.2f}"),
+    # the groups by outcome (shares): only mixed ones give a success-only reward an advantage
+    ("all_ok", "rollout/groups_all_success", "{:.2f}"),
+    ("all_fail", "rollout/groups_all_fail", "{:.2f}"),
+    ("mixed", "rollout/groups_mixed", "{:.2f}"),
     ("kept", "filter/kept", "{:.0f}"),
+    ("eff_reward", "train/effective_reward", "{:+.2f}"),
     ("loss", "train/loss", "{:+.4f}"),
     ("steps", "train/optimizer_steps", "{:.0f}"),
     ("nonfinite", "train/nonfinite_steps", "{:.0f}"),

@@ -8,7 +8,7 @@ from ragen2.data.demo_datamodule import DemoBatch, DemoDataModule
 from ragen2.data.demos import DemoConfig, demonstrate
 from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
 from ragen2.data.group_filter import GroupFilter
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.metrics import group_metrics, rollout_metrics
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.sampling import DynamicSampling
 from ragen2.data.shaping import OverlongShaping
@@ -29,6 +29,7 @@ __all__ = [
     "collate_episodes",
     "demonstrate",
     "evaluate",
+    "group_metrics",
     "heldout_seeds",
     "pass_at_k",
     "rollout_metrics",

@@ -43,7 +43,7 @@ from ragen2.data.batch import KeptShare, RolloutBatch, by_group, collate_episode
 from ragen2.data.contracts import held_policy
 from ragen2.data.evaluation import evaluate, heldout_seeds, validation_metrics
 from ragen2.data.group_filter import GroupFilter
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.metrics import group_metrics, rollout_metrics
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.shaping import OverlongShaping
@@ -378,8 +378,10 @@ class RolloutDataModule(L.LightningDataModule):
         batch.share = self._kept_share(batch)
         stats.update(kept_rows=float(batch.share.kept), kept_row_ratio=batch.share.ratio)
         # every rank's episodes: the logged numbers describe the whole iteration
-        sampled = [ep for part in self._ranks().gather(out.episodes) for eps in part for ep in eps]
+        rounds = [eps for part in self._ranks().gather(out.episodes) for eps in part]
+        sampled = [ep for eps in rounds for ep in eps]
         batch.metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(sampled).items()})
+        batch.metrics.update({f"rollout/{k}": v for k, v in group_metrics(rounds).items()})
         if self.shaping is not None:
             batch.metrics.update({f"rollout/{k}": v for k, v in self.shaping.metrics(sampled).items()})
         batch.metrics.update({f"filter/{k}": v for k, v in stats.items()})

@@ -6,14 +6,18 @@
 - Greedy success and return (temperature 0), sampled success and the unbiased pass@k (Chen et al.
   2021) over ``samples`` rollouts per instance at the rollout's own temperature.
 - The env solver's success through the same agent protocol (``oracle/success``): the upper bound.
+- ``record`` gets one record per seed and phase (greedy, sampled, oracle) as soon as that seed's
+  episodes have ended, for ``ragen2-eval`` to write out as they come.
 Validation logs the same numbers under ``val/`` (``validation_metrics``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
+from ragen2.agent.episode import Episode
 from ragen2.agent.runner import EpisodeRunner
 from ragen2.data.metrics import rollout_metrics
 from ragen2.rollout.base import Sampler
@@ -50,16 +54,50 @@ def evaluate(
     ks: Sequence[int],
     sample_seed: int = 0,
     oracle: bool = False,
+    record: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, float]:
-    """``greedy/*``, ``sampled/*`` rollout metrics, ``pass@k`` (n = ``samples``) and ``oracle/success``."""
+    """``greedy/*``, ``sampled/*`` rollout metrics, ``pass@k`` (n = ``samples``) and ``oracle/success``;
+    ``record`` gets each seed's ``phase``, ``seed``, rollout metrics and ``successes`` as it finishes."""
+
+    def per_seed(phase: str) -> Callable[[list[Episode]], None] | None:
+        if record is None:
+            return None
+        write = record
+
+        def done(episodes: list[Episode]) -> None:
+            successes = [ep.success for ep in episodes]
+            write(
+                {
+                    "phase": phase,
+                    "seed": episodes[0].seed,
+                    **rollout_metrics(episodes),
+                    "successes": successes,
+                }
+            )
+
+        return done
+
     out: dict[str, float] = {"instances": float(len(seeds))}
     greedy_params = replace(runner.params, temperature=0.0)
     greedy = runner.collect(
-        sampler, seeds, 1, sample_seed=sample_seed, params=greedy_params, desc="eval greedy"
+        sampler,
+        seeds,
+        1,
+        sample_seed=sample_seed,
+        params=greedy_params,
+        desc="eval greedy",
+        group_done=per_seed("greedy"),
     )
     out.update({f"greedy/{k}": v for k, v in rollout_metrics(greedy).items()})
     if samples > 0:
-        sampled = runner.collect(sampler, seeds, samples, sample_seed=sample_seed + 1, desc="eval sampled")
+        sampled = runner.collect(
+            sampler,
+            seeds,
+            samples,
+            sample_seed=sample_seed + 1,
+            desc="eval sampled",
+            group_done=per_seed("sampled"),
+        )
         out.update({f"sampled/{k}": v for k, v in rollout_metrics(sampled).items()})
         by_seed = [[ep.success for ep in sampled if ep.group == g] for g in range(len(seeds))]
         for k in ks:
@@ -67,7 +105,15 @@ def evaluate(
                 out[f"pass@{k}"] = pass_at_k(by_seed, k)
     if oracle:
         solver = ScriptedSampler(runner.tokenizer, [ORACLE_RESPONSE])
-        solved = runner.collect(solver, seeds, 1, sample_seed=0, params=greedy_params, desc="eval solver")
+        solved = runner.collect(
+            solver,
+            seeds,
+            1,
+            sample_seed=0,
+            params=greedy_params,
+            desc="eval solver",
+            group_done=per_seed("oracle"),
+        )
         out["oracle/success"] = sum(ep.success for ep in solved) / len(solved)
     return out
 

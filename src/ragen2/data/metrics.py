@@ -1,4 +1,4 @@
-"""rollout/* metrics from a list of episodes."""
+"""rollout/* metrics from a list of episodes, and from its groups."""
 
 from __future__ import annotations
 
@@ -45,3 +45,39 @@ def _token_entropy(episodes: Sequence[Episode]) -> dict[str, float]:
     if any(values is None for values in per_episode):
         return {}
     return {"token_entropy": _mean([h for values in per_episode for h in values or ()])}
+
+
+def group_metrics(rounds: Sequence[Sequence[Episode]]) -> dict[str, float]:
+    """The iteration's groups by outcome, and the spread of their reward variance.
+
+    ``rounds``: the episodes of each round of each rank, a group being the episodes of one round that share
+    ``Episode.group``. Every group's rollouts all succeeded (``groups_all_success``), all failed
+    (``groups_all_fail``) or both occur (``groups_mixed``): shares of ``groups``, the number of groups. Only
+    a group whose returns differ gives an advantage; with a success-only reward that is a mixed group.
+    RV is a group's Bessel-corrected standard deviation of returns (the filter's ``reward_std``, what the
+    paper calls RV; 0 for a group of one): ``rv_mean`` is its mean over groups and ``rv_cv`` =
+    Std(RV)/Mean(RV) with the population std (0 when the mean is 0, as ``filter/score_cv``), the paper's
+    predictor of whether filtering helps (docs/method.md §4), whatever score the filter ranks by.
+    """
+    groups = [members for episodes in rounds for members in _by_group(episodes)]
+    if not groups:
+        return {}
+    wins = [sum(ep.success for ep in members) for members in groups]
+    returns = [[ep.episode_return for ep in members] for members in groups]
+    rv = [statistics.stdev(r) if len(r) > 1 else 0.0 for r in returns]
+    mean = statistics.fmean(rv)
+    return {
+        "groups": float(len(groups)),
+        "groups_all_success": _mean([float(w == len(g)) for w, g in zip(wins, groups)]),
+        "groups_all_fail": _mean([float(w == 0) for w in wins]),
+        "groups_mixed": _mean([float(0 < w < len(g)) for w, g in zip(wins, groups)]),
+        "rv_mean": mean,
+        "rv_cv": statistics.pstdev(rv) / mean if mean != 0 else 0.0,
+    }
+
+
+def _by_group(episodes: Sequence[Episode]) -> list[list[Episode]]:
+    groups: dict[int, list[Episode]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group, []).append(ep)
+    return list(groups.values())

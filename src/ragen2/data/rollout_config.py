@@ -14,7 +14,7 @@ from typing import Any
 import ragen2_envs
 
 from ragen2.agent.runner import DEFAULT_STEP_TIMEOUT_S, AgentConfig, EpisodeRunner
-from ragen2.config import ConfigError
+from ragen2.config import ConfigError, check_type, shown, unknown_key
 from ragen2.rollout.base import Sampler, SamplingParams
 
 
@@ -46,10 +46,31 @@ class EnvConfig:
             step_timeout_s=self.step_timeout_s,
         )
         object.__setattr__(self, "kwargs", dict(self.kwargs or {}))
+        self._check_kwargs()
+
+    def _check_kwargs(self) -> None:
+        """Each of ``env.kwargs`` against the option of that name the env declares: its name, its type and
+        its bounds (what only several options decide together, the env's constructor checks in ``make``)."""
+        declared = ragen2_envs.env_options(self.id)
+        for name, value in self.kwargs.items():
+            key = f"env.kwargs.{name}"
+            option = declared.get(name)
+            if option is None:
+                raise unknown_key(key, value, declared, f"an option of {self.id}")
+            check_type(key, value, option.hint, option.default)
+            problem = option.problem(value)
+            if problem:
+                raise ConfigError(f"{key}={shown(value)} {problem}. Fix: {key}={shown(option.default)}")
 
     def make(self) -> ragen2_envs.TextEnv:
-        """A fresh instance of the environment."""
-        return ragen2_envs.make(self.id, **self.kwargs)
+        """A fresh instance of the environment; options it refuses together are a ``ConfigError``."""
+        try:
+            return ragen2_envs.make(self.id, **self.kwargs)
+        except (ValueError, FileNotFoundError) as err:
+            raise ConfigError(
+                f"env.kwargs of {self.id}: {err}. Fix: change the env.kwargs named (conf/env/ holds each env's "
+                "defaults)"
+            ) from err
 
 
 @dataclass(frozen=True)

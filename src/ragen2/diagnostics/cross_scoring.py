@@ -13,7 +13,9 @@ The reference runs one full forward of ``x_j + z_r`` per pair: C·R sequences of
   ``[x_last, z_1 … z_{n−1}]`` at positions ``|context| …``, so it costs exactly |z| positions per
   column and a prompt that is a prefix of another needs no special case;
 * a column's segments are packed side by side into one batch-1 sequence (chunks of at most
-  ``max_batch_tokens`` positions) under a block mask: each segment sees the cache and itself. A
+  ``max_batch_tokens`` positions) under a block mask: each segment sees the cache and itself; the LM
+  head runs on the decoder's hidden states in chunks of rows (``ragen2.algos.logprobs.token_stats``),
+  so no [positions, vocabulary] logits exist at once (Qwen2.5's 151,936 entries). A
   batch of right-padded rows against a cache expanded along the batch ran padding, copied the cache
   once per row in every layer and computed logits it threw away; on the built-in model on CPU it
   ran ~1.8× slower per position than the naive scorer (bench/bench_cross_scoring.py).
@@ -31,6 +33,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from ragen2.algos.logprobs import token_stats
+from ragen2.models.forward import lm_head
 from ragen2.models.kv import KV, as_cache, cache_len, extend, truncate
 from ragen2.progress import bar
 
@@ -163,16 +167,18 @@ def _score_column(
         inputs = torch.tensor([t for i in chunk for t in (last, *zs[i][:-1])], device=device)
         targets = torch.tensor([t for i in chunk for t in zs[i]], device=device)
         positions = torch.cat([torch.arange(past, past + n) for n in lengths]).to(device)
-        logits = model(
+        hidden = model.get_decoder()(
             input_ids=inputs[None],
             attention_mask=_packed_mask(lengths, past, dtype, device),
             position_ids=positions[None],
             past_key_values=as_cache(kv, 1),
             use_cache=True,
-        ).logits[0]
+        ).last_hidden_state[0]
+        # the head in chunks of rows (ragen2.algos.logprobs): no [positions, vocab] logits at once
+        logp, _ = token_stats(hidden, targets, lm_head(model))
         segment = torch.repeat_interleave(torch.arange(len(chunk)), torch.tensor(lengths)).to(device)
         per_segment = torch.zeros(len(chunk), device=device)
-        sums[chunk] = per_segment.index_add_(0, segment, _target_logprobs(logits, targets)).cpu()
+        sums[chunk] = per_segment.index_add_(0, segment, logp).cpu()
         processed += len(targets)
     return sums, processed
 
@@ -202,10 +208,11 @@ def cross_score(
     """Score every row's reasoning Z under every distinct prompt X with KV-cache reuse.
 
     rows: (prompt_ids X, reasoning_ids Z) pairs, both non-empty. ``max_batch_tokens`` bounds the
-    reasoning positions packed into one forward (a longer reasoning runs alone): its logits are
-    [max_batch_tokens, vocab] and its attention [max_batch_tokens, cached + max_batch_tokens], so
-    larger chunks feed the matrix products better but spend more attention on masked pairs. ``common_prefix=False`` encodes each distinct
-    prompt from scratch instead of sharing prefixes across prompts (for the cost benchmark).
+    reasoning positions packed into one forward (a longer reasoning runs alone): its attention is
+    [max_batch_tokens, cached + max_batch_tokens] (its logits come in ``token_stats``'s chunks), so
+    larger chunks feed the matrix products better but spend more attention on masked pairs.
+    ``common_prefix=False`` encodes each distinct prompt from scratch instead of sharing prefixes across
+    prompts (for the cost benchmark).
     Runs under ``torch.no_grad()`` in eval mode; the model's train/eval mode is restored.
     """
     vocab_size = _check_model(model)

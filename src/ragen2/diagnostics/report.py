@@ -4,7 +4,8 @@
   ``ragen2.rollout.first_turn.sample_first_turns``: the project's episode runner with a sampler that
   answers turn 1 only, so X is exactly the prompt training sees) or from a run's saved rollouts
   (``rows_from_jsonl``: the records ``rollout.save_jsonl=true`` writes; Z is re-extracted from the
-  sampled ids with the tokenizer, as the runner does).
+  sampled ids with the tokenizer, as the runner does). A file that is not such records is one line
+  naming the line; a last line cut by a killed run is dropped with a warning.
 - ``diagnose`` cross-scores them (``cross_score``) and computes the MI family (``mi_metrics``, whose
   ``cond_entropy`` is H(Z|X)), the true prompt's retrieval rank per row, and the rows that score at least
   as well under another prompt than under their own.
@@ -33,9 +34,11 @@ from torch import Tensor
 
 from ragen2.agent.episode import Episode
 from ragen2.agent.reasoning import reasoning_ids
+from ragen2.config import ConfigError
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
 from ragen2.diagnostics.mi import mi_metrics, per_token, true_rank
 from ragen2.diagnostics.regimes import Regime
+from ragen2.log import log
 
 
 @dataclass(frozen=True)
@@ -97,31 +100,73 @@ def rows_from_episodes(episodes: Iterable[Episode], decode: Callable[[Sequence[i
     return [row for ep in episodes if (row := first_turn_row(ep, decode)) is not None]
 
 
+#: what ``rows_from_records`` reads of a record and of its first turn
+RECORD_KEYS = frozenset({"iteration", "seed", "turns"})
+TURN_KEYS = frozenset({"prompt_ids", "sampled_ids", "observation"})
+_WRITTEN_BY = "Fix: rollouts=<run>/rollouts.rank0.jsonl (written with rollout.save_jsonl=true)"
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``rollouts.rank<r>.jsonl`` file; a clear error for anything else."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"rollouts={str(path)!r} is not a file; pass <run>/rollouts.rank0.jsonl (written with "
-            "rollout.save_jsonl=true)"
-        )
+    """The records of a ``rollouts.rank<r>.jsonl`` file; a ``ConfigError`` naming the line for anything else.
+
+    A last line without its newline that is not JSON was cut by a run killed while writing it: it is dropped
+    with a warning naming the file and the line, and the whole lines before it are returned."""
+    where = f"rollouts={path}"
+    if not Path(path).is_file():
+        raise ConfigError(f"{where} is not a file. {_WRITTEN_BY}, or leave it null to sample")
+    text = Path(path).read_text(errors="replace")
+    lines = text.splitlines()
     records = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n} is not JSON ({err.msg}); is it a rollouts JSONL?") from None
-        missing = {"iteration", "seed", "turns"} - set(record)
-        if missing:
-            raise ValueError(
-                f"{path}:{n} lacks {sorted(missing)}: not a record written by rollout.save_jsonl=true"
-            )
-        records.append(record)
+            if n == len(lines) and not text.endswith("\n"):
+                log.warning(
+                    "%s: line %d is cut short (a run stopped while writing it); diagnosing the whole lines "
+                    "before it",
+                    where,
+                    n,
+                )
+                break
+            raise ConfigError(f"{where}: line {n} is not JSON ({err.msg}). {_WRITTEN_BY}") from None
+        records.append(_checked(record, f"{where}: line {n}"))
     if not records:
-        raise ValueError(f"{path} holds no records")
+        raise ConfigError(f"{where} holds no records. {_WRITTEN_BY}, from a run that finished an iteration")
     return records
+
+
+def _checked(record: Any, where: str) -> dict[str, Any]:
+    """``record`` if it has what ``rows_from_records`` reads (a saved episode), else a ``ConfigError``."""
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where} is JSON but not a record (an object). {_WRITTEN_BY}")
+    missing = RECORD_KEYS - set(record)
+    turns = record.get("turns")
+    if not missing and not (isinstance(turns, list) and all(isinstance(t, dict) for t in turns)):
+        missing = {"turns (a list of turns)"}
+    if not missing and turns:
+        missing = {f"turns[0].{key}" for key in TURN_KEYS - set(turns[0])}
+    if missing:
+        raise ConfigError(
+            f"{where} lacks {', '.join(sorted(missing))}: not a record written by rollout.save_jsonl=true. "
+            f"{_WRITTEN_BY}"
+        )
+    return record
+
+
+def chosen_iteration(records: Sequence[dict[str, Any]], iteration: int | None, path: str | Path) -> int:
+    """The iteration of ``records`` to read: ``iteration`` if they hold it, their last for None."""
+    iterations = sorted({int(r["iteration"]) for r in records})
+    if iteration is None:
+        return iterations[-1]
+    if iteration not in iterations:
+        raise ConfigError(
+            f"iteration={iteration} is not in rollouts={path}, which holds iterations {iterations}. "
+            f"Fix: iteration={iterations[-1]}, or iteration=null for the last"
+        )
+    return iteration
 
 
 def rows_from_jsonl(
@@ -131,21 +176,30 @@ def rows_from_jsonl(
     num_prompts: int | None = None,
     samples: int | None = None,
 ) -> tuple[list[Row], int]:
-    """Turn-1 rows of one iteration of a saved-rollouts file and that iteration (default: the last).
+    """Turn-1 rows of one iteration (default: the last) of the saved-rollouts file ``path``, and that
+    iteration (``rows_from_records``)."""
+    records = read_jsonl(path)
+    chosen = chosen_iteration(records, iteration, path)
+    return rows_from_records(records, decode, chosen, num_prompts, samples), chosen
+
+
+def rows_from_records(
+    records: Sequence[dict[str, Any]],
+    decode: Callable[[Sequence[int]], str],
+    iteration: int,
+    num_prompts: int | None = None,
+    samples: int | None = None,
+) -> list[Row]:
+    """Turn-1 rows of one iteration of saved rollouts (``read_jsonl``, ``chosen_iteration``).
 
     Every sampled episode is used, kept by the filter or not (the MI pass reads the unfiltered batch).
     ``num_prompts`` keeps the first that many distinct prompts and ``samples`` the first that many rows
     of each.
     """
-    records = read_jsonl(path)
-    iterations = sorted({int(r["iteration"]) for r in records})
-    chosen = iterations[-1] if iteration is None else iteration
-    if chosen not in iterations:
-        raise ValueError(f"iteration={iteration} is not in {path}; it holds iterations {iterations}")
     rows: list[Row] = []
     taken: dict[tuple[int, ...], int] = {}
     for r in records:
-        if int(r["iteration"]) != chosen or not r["turns"]:
+        if int(r["iteration"]) != iteration or not r["turns"]:
             continue
         turn = r["turns"][0]
         z = reasoning_ids(turn["sampled_ids"], decode)
@@ -158,13 +212,13 @@ def rows_from_jsonl(
             continue
         taken[x] = taken.get(x, 0) + 1
         rows.append(Row(x, tuple(z), int(r["seed"]), int(r.get("sample", 0)), turn["observation"], decode(z)))
-    return rows, chosen
+    return rows
 
 
 def diagnose(model: Any, rows: Sequence[Row], splits: Splits = Splits(), **score_kwargs: Any) -> Diagnosis:
     """Cross-score ``rows`` under ``model`` and compute the MI family; needs two distinct prompts."""
     if len({row.prompt_ids for row in rows}) < 2:
-        raise ValueError(
+        raise ConfigError(
             f"{len(rows)} rows with a valid Z hold fewer than 2 distinct prompts: MI compares prompts. "
             "Fix: more seeds (num_seeds), more samples, or a larger rollout.max_new_tokens so that the "
             "reasoning closes with </think>"

@@ -1,4 +1,5 @@
-"""The figures of a grid: each metric per cell (mean, 95 % interval, each run) and the curves over iterations."""
+"""The figures of a grid: each metric per cell (mean, 95 % interval, each run), the curves over iterations, and MI
+over optimizer steps."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ragen2.grids.mi import mi_curves
+from ragen2.grids.steps import MATCHED, by_steps
 from ragen2.grids.table import METRICS, Cell, label, values_by_iteration
 
 CURVES = ("final_success", "final_mi_zscore_ema")  # drawn over iterations, from the column each cell read
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,9 +26,17 @@ def _pyplot() -> Any:
     return plt
 
 
+def save(fig: Any, path: Path) -> Path:
+    """Lay the figure out, write it to ``path`` and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+    return path
+
+
 def plot_metrics(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path:
     """One panel per metric: each cell's mean with its 95 % interval, and each run's value as a dot."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = 3
     rows = math.ceil(len(METRICS) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False)
@@ -44,21 +56,18 @@ def plot_metrics(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path
     for ax in list(axes.flat)[len(METRICS) :]:
         ax.axis("off")
     fig.suptitle("mean and 95 % t interval over seeds (grey: each run)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def seed_band(series: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float, float, float]]:
-    """[(iteration, mean, min, max)] over the runs that logged each iteration."""
-    by_x = values_by_iteration(series)
-    return [(x, statistics.fmean(ys), min(ys), max(ys)) for x, ys in sorted(by_x.items())]
+    """[(iteration, mean, min, max)] over the runs that logged a finite value at each iteration."""
+    by_x = {x: [y for y in ys if math.isfinite(y)] for x, ys in values_by_iteration(series).items()}
+    return [(x, statistics.fmean(ys), min(ys), max(ys)) for x, ys in sorted(by_x.items()) if ys]
 
 
 def plot_curves(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path:
     """Success and MI z-score EMA over iterations: each cell's mean over seeds, its band min–max."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(CURVES), figsize=(5.5 * len(CURVES), 3.6), squeeze=False)
     for ax, name in zip(axes.flat, CURVES):
         for i, cell in enumerate(cells):
@@ -74,7 +83,26 @@ def plot_curves(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path:
         ax.xaxis.get_major_locator().set_params(integer=True)
         if ax.has_data():
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)
+
+
+def plot_mi_steps(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path:
+    """MI against the optimizer steps taken (``ragen2.grids.steps``): a panel per quantity of the first curve
+    logged, a line per run, one colour per cell; arms that step at different rates line up at equal x."""
+    plt = pyplot()
+    curves = mi_curves([r.series for c in cells for r in c.runs])
+    fig, axes = plt.subplots(1, len(MATCHED), figsize=(5.5 * len(MATCHED), 3.6), squeeze=False)
+    for ax, quantity in zip(axes.flat, MATCHED):
+        key = f"diag/{curves[0]}/{quantity}" if curves else None
+        for i, cell in enumerate(cells):
+            for j, run in enumerate(cell.runs):
+                points = by_steps(run.series, key) if key else []
+                if points:
+                    x, y = zip(*points)
+                    name = label(keys, cell.values) if j == 0 else None
+                    ax.plot(x, y, marker="o", markersize=3, lw=1, color=f"C{i % 10}", label=name)
+        ax.set_title(f"{key or 'no MI pass logged'}, one line per run", fontsize=9)
+        ax.set_xlabel("optimizer steps taken before the pass")
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    return save(fig, path)

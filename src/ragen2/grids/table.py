@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -26,22 +26,33 @@ SEED_KEY = "seed"
 SUCCESS_KEYS = ("val/success", "rollout/success")
 
 
+#: how a run's logged values (by iteration) become its one number; a value is NaN or ±inf when the run's is
+READS: dict[str, Callable[[Sequence[float]], float]] = {
+    "last": lambda ys: ys[-1],
+    "first": lambda ys: ys[0],
+    "best": lambda ys: max((y for y in ys if math.isfinite(y)), default=math.nan),  # the largest finite
+    "mean": statistics.fmean,  # over the iterations that logged it: non-finite if any one is
+}
+
+
 @dataclass(frozen=True)
 class Metric:
     """One number per run, read from its csv/metrics.csv."""
 
     keys: tuple[str, ...]  # columns by preference: a cell reads the first one all its complete runs logged
-    best: bool = False  # the run's largest value instead of its last
+    read: str = "last"  # a key of READS
 
 
 #: table column -> the metrics.csv columns it reads (docs/studies.md lists these)
 METRICS: dict[str, Metric] = {
     "final_success": Metric(SUCCESS_KEYS),
-    "best_success": Metric(SUCCESS_KEYS, best=True),
+    "best_success": Metric(SUCCESS_KEYS, read="best"),
     "final_mi_zscore_ema": Metric(("diag/first_turn/mi_zscore_ema",)),
     "final_retrieval_above_chance": Metric(("diag/first_turn/retrieval_above_chance",)),
     "final_cond_entropy": Metric(("diag/first_turn/cond_entropy",)),
     "final_reasoning_length": Metric(("rollout/reasoning_length",)),
+    "mean_mixed_groups": Metric(("rollout/groups_mixed",), read="mean"),
+    "mean_effective_reward": Metric(("train/effective_reward",), read="mean"),
 }
 #: aggregate_trajectories.md's columns: what the paper's questions read, iteration by iteration
 TRAJECTORY: dict[str, str] = {
@@ -53,15 +64,18 @@ TRAJECTORY: dict[str, str] = {
     "reasoning length": "rollout/reasoning_length",
     "score cv": "filter/score_cv",
     "kept ratio": "filter/kept_ratio",
+    "all-success groups": "rollout/groups_all_success",
+    "all-fail groups": "rollout/groups_all_fail",
+    "mixed groups": "rollout/groups_mixed",
+    "effective reward": "train/effective_reward",
 }
 
 
-def run_value(series: Series, key: str, best: bool = False) -> float | None:
-    """The run's last finite value of ``key`` (by iteration), or its largest; None if it never logged one."""
-    points = sorted(((x, y) for x, y in series.get(key, []) if math.isfinite(y)), key=lambda p: p[0])
-    if not points:
-        return None
-    return max(y for _, y in points) if best else points[-1][1]
+def run_value(series: Series, key: str, read: str = "last") -> float | None:
+    """The run's values of ``key`` by iteration read as ``READS[read]`` says (NaN or ±inf when the run's
+    value is: a run that ends on NaN is counted, not read at an earlier pass); None if it never logged one."""
+    ys = [y for _, y in sorted(series.get(key, []), key=lambda p: p[0])]
+    return READS[read](ys) if ys else None
 
 
 def pick_key(runs_series: Sequence[Series], metric: Metric) -> str | None:
@@ -99,8 +113,17 @@ def cell_of(overrides: Mapping[str, str], keys: Sequence[str]) -> tuple[str, ...
 
 class Stat(NamedTuple):
     key: str | None  # the metrics.csv column read (None: no run logged any)
-    values: list[float]  # one per complete run that logged it
+    values: list[float]  # the finite ones, one per complete run that logged it
     interval: Interval
+    nonfinite: int = 0  # runs whose value is NaN or ±inf: counted and reported, never averaged
+
+
+def stat_of(key: str | None, found: Sequence[float | None]) -> Stat:
+    """The Stat of one value per run (None: the run did not log it): mean and interval of the finite ones; no
+    key when no run logged one."""
+    logged = [v for v in found if v is not None]
+    values = [v for v in logged if math.isfinite(v)]
+    return Stat(key if logged else None, values, ci95(values), len(logged) - len(values))
 
 
 @dataclass
@@ -123,9 +146,8 @@ def aggregate(runs: Sequence[Run], keys: Sequence[str]) -> list[Cell]:
     for cell in cells.values():
         for name, metric in METRICS.items():
             key = pick_key([r.series for r in cell.runs], metric)
-            found = [] if key is None else [run_value(r.series, key, metric.best) for r in cell.runs]
-            values = [v for v in found if v is not None]
-            cell.stats[name] = Stat(key, values, ci95(values))
+            found = [] if key is None else [run_value(r.series, key, metric.read) for r in cell.runs]
+            cell.stats[name] = stat_of(key, found)
     return list(cells.values())
 
 
@@ -146,14 +168,23 @@ def fmt(interval: Interval) -> str:
     return f"{interval.mean:.3g} ± {(interval.high - interval.low) / 2:.2g}"
 
 
-def _number(value: float) -> str:
+def entry(stat: Stat, runs: int) -> str:
+    """``fmt`` of the stat, and its count where it is not each of the ``runs``: '0.5 ± — (n = 1 +1 non-finite)'."""
+    if stat.key is None or (len(stat.values) == runs and not stat.nonfinite):
+        return fmt(stat.interval)
+    extra = f" +{stat.nonfinite} non-finite" if stat.nonfinite else ""
+    return f"{fmt(stat.interval)} (n = {len(stat.values)}{extra})"
+
+
+def number(value: float) -> str:
+    """A CSV field: the value's repr, blank for NaN (no value)."""
     return "" if math.isnan(value) else repr(value)
 
 
 def write_csv(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path:
     columns = [*keys, "n", "seeds", "failed"]
     for name in METRICS:
-        columns += [f"{name}_key", f"{name}_mean", f"{name}_ci_low", f"{name}_ci_high", f"{name}_n"]
+        columns += [f"{name}_{c}" for c in ("key", "mean", "ci_low", "ci_high", "n", "nonfinite")]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
@@ -161,12 +192,20 @@ def write_csv(cells: Sequence[Cell], keys: Sequence[str], path: Path) -> Path:
             row: list[str | int] = [*cell.values, len(cell.runs), seeds(cell), len(cell.failed)]
             for stat in cell.stats.values():
                 mean, low, high = stat.interval
-                row += [stat.key or "", _number(mean), _number(low), _number(high), len(stat.values)]
+                row += [
+                    stat.key or "",
+                    number(mean),
+                    number(low),
+                    number(high),
+                    len(stat.values),
+                    stat.nonfinite,
+                ]
             writer.writerow(row)
     return path
 
 
-def _md_cell(text: str) -> str:
+def md_cell(text: str) -> str:
+    """Text for one Markdown table cell: pipes escaped, on one line."""
     return text.replace("|", r"\|").replace("\n", " ")
 
 
@@ -194,18 +233,21 @@ def markdown(
         f"{complete} complete runs{horizon} in {len(cells)} cells (by {', '.join(keys) or 'nothing: one cell'}); "
         f"{len(failed)} failed or incomplete, left out of the numbers (listed below).",
         "Each entry is mean ± half-width of the 95 % Student t interval over the cell's runs "
-        "(mean ± t₀.₉₇₅,ₙ₋₁ · s/√n); `± —`: one run, no interval; `—`: no run logged it.",
+        "(mean ± t₀.₉₇₅,ₙ₋₁ · s/√n); `± —`: one run, no interval; `—`: no run logged it; "
+        "`(n = k +j non-finite)`: k of the cell's runs give a finite value and j a NaN or ±inf "
+        "(counted, never averaged).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
     for cell in cells:
         row = [*cell.values, str(len(cell.runs)), seeds(cell) or "—", cell.stats["final_success"].key or "—"]
-        row += [fmt(stat.interval) for stat in cell.stats.values()]
-        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+        row += [entry(stat, len(cell.runs)) for stat in cell.stats.values()]
+        lines.append("| " + " | ".join(md_cell(v) for v in row) + " |")
     lines += [
         "",
-        "Columns read from each run's `csv/metrics.csv` (final: its last value; best: its largest):",
+        "Columns read from each run's `csv/metrics.csv` (final: its last value; best: its largest finite "
+        "one; mean: over its iterations):",
         "",
     ]
     for name, metric in METRICS.items():
@@ -213,7 +255,7 @@ def markdown(
     lines += ["", "## Failed or incomplete", ""]
     if failed:
         lines += ["| job | overrides | why |", "|---|---|---|"]
-        lines += [f"| {_md_cell(a)} | {_md_cell(b)} | {_md_cell(c)} |" for a, b, c in failed]
+        lines += [f"| {md_cell(a)} | {md_cell(b)} | {md_cell(c)} |" for a, b, c in failed]
     else:
         lines.append("none")
     lines += ["", "![metrics](aggregate_metrics.png)", "", "![curves](aggregate_curves.png)", ""]
@@ -221,32 +263,44 @@ def markdown(
 
 
 def values_by_iteration(series: Sequence[Sequence[tuple[float, float]]]) -> dict[float, list[float]]:
-    """{iteration: the finite values the runs logged at it}, from one column of several runs."""
+    """{iteration: the values the runs logged at it, non-finite ones included}, from one column of several runs."""
     by_x: dict[float, list[float]] = {}
     for points in series:
         for x, y in points:
-            if math.isfinite(y):
-                by_x.setdefault(x, []).append(y)
+            by_x.setdefault(x, []).append(y)
     return by_x
+
+
+def spread(ys: Sequence[float]) -> str:
+    """'mean ± sd' of the finite values (sd over several), '+k non-finite' for the others; '—' for none."""
+    finite = [y for y in ys if math.isfinite(y)]
+    text = f"{statistics.fmean(finite):.3g}" if finite else "—"
+    if len(finite) > 1:
+        text += f" ± {statistics.stdev(finite):.2g}"
+    bad = len(ys) - len(finite)
+    return f"{text} (+{bad} non-finite)" if bad else text
 
 
 def trajectory_cell(runs: Sequence[Run], iterations: Sequence[int]) -> list[str]:
     """Markdown rows: per iteration, each TRAJECTORY column's mean over the runs that logged it, with the
-    sample standard deviation over them where there are several; `—` where none did (no MI pass then)."""
+    sample standard deviation over them where there are several and the count of non-finite values
+    (``spread``); `—` where none did (no MI pass then)."""
     columns = [values_by_iteration([r.series.get(key, []) for r in runs]) for key in TRAJECTORY.values()]
     lines = ["| iteration | " + " | ".join(TRAJECTORY) + " |", "|" + "---|" * (len(TRAJECTORY) + 1)]
     for it in iterations:
-        row = [str(it)]
-        for by_x in columns:
-            ys = by_x.get(it, [])
-            spread = f" ± {statistics.stdev(ys):.2g}" if len(ys) > 1 else ""
-            row.append(f"{statistics.fmean(ys):.3g}{spread}" if ys else "—")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append("| " + " | ".join([str(it), *(spread(by_x.get(it, [])) for by_x in columns)]) + " |")
     return lines
 
 
-def trajectories(grid: Path, cells: Sequence[Cell], keys: Sequence[str], every: int = 1) -> str:
-    """aggregate_trajectories.md: one table per cell, every ``every``-th iteration its complete runs logged."""
+def trajectories(
+    grid: Path,
+    cells: Sequence[Cell],
+    keys: Sequence[str],
+    every: int = 1,
+    extra: Callable[[Cell], list[str]] = lambda cell: [],
+) -> str:
+    """aggregate_trajectories.md: one table per cell, every ``every``-th iteration its complete runs logged,
+    then the lines ``extra`` gives of the cell."""
     lines = [
         f"# ragen2-aggregate: `{grid}`, iteration by iteration",
         "",
@@ -259,4 +313,5 @@ def trajectories(grid: Path, cells: Sequence[Cell], keys: Sequence[str], every: 
         shown = [it for it in sorted(logged) if it % every == 0]
         lines += ["", f"## {label(keys, cell.values)} (seeds {seeds(cell) or '—'})", ""]
         lines += trajectory_cell(cell.runs, shown) if shown else ["no complete run"]
+        lines += extra(cell)
     return "\n".join([*lines, ""])

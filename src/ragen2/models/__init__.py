@@ -1,8 +1,10 @@
-"""Loading HF causal LMs: any name or path, the built-in SmolLM2-135M-Instruct, and a tiny random model."""
+"""Loading HF causal LMs: any name or path, the built-in SmolLM2-135M-Instruct, and tiny random models (a
+Llama with SmolLM2's tokenizer, a Qwen2 with Qwen2.5's)."""
 
 from ragen2.models.loading import (
     BUILTIN,
     TINY,
+    TINY_QWEN2,
     ModelConfig,
     cache_root,
     load_model,
@@ -13,6 +15,7 @@ from ragen2.models.loading import (
 __all__ = [
     "BUILTIN",
     "TINY",
+    "TINY_QWEN2",
     "ModelConfig",
     "cache_root",
     "load_model",

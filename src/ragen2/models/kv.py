@@ -59,8 +59,12 @@ class PreallocatedLayer(DynamicLayer):
     def allocate(self, like_keys: Tensor, like_values: Tensor, batch: int) -> None:
         self.lazy_initialization(like_keys, like_values)
         heads, dk, dv = like_keys.shape[1], like_keys.shape[-1], like_values.shape[-1]
-        k = like_keys.new_zeros((batch, heads, self.capacity, dk))
-        v = like_values.new_zeros((batch, heads, self.capacity, dv))
+        # under autocast, rotary embeddings leave the keys in fp32 while the values come out of a bf16
+        # projection, and attention reads both in the autocast dtype: hold both in it (what attention sees)
+        device = like_keys.device.type
+        cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        k = like_keys.new_zeros((batch, heads, self.capacity, dk), dtype=cast or like_keys.dtype)
+        v = like_values.new_zeros((batch, heads, self.capacity, dv), dtype=cast or like_values.dtype)
         self.buffers = (k, v)
         self.keys, self.values = k[:, :, :0], v[:, :, :0]
 
@@ -72,8 +76,8 @@ class PreallocatedLayer(DynamicLayer):
         assert self.buffers is not None
         k, v = self.buffers
         if self.at is not None:
-            k.index_copy_(2, self.at, key_states)
-            v.index_copy_(2, self.at, value_states)
+            k.index_copy_(2, self.at, key_states.to(k.dtype))
+            v.index_copy_(2, self.at, value_states.to(v.dtype))
             return k, v
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
@@ -120,8 +124,8 @@ def preallocated_cache(rows: Sequence[KV | None], width: int, capacity: int, lay
         for kv, idx in groups:
             pk, pv = kv[layer_idx]
             n = pk.shape[-2]
-            k[idx, :, width - n : width] = pk.expand(len(idx), -1, -1, -1)
-            v[idx, :, width - n : width] = pv.expand(len(idx), -1, -1, -1)
+            k[idx, :, width - n : width] = pk.to(k.dtype).expand(len(idx), -1, -1, -1)
+            v[idx, :, width - n : width] = pv.to(v.dtype).expand(len(idx), -1, -1, -1)
         layer.written(width)
         cache.layers.append(layer)
     return cache

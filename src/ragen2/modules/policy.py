@@ -34,7 +34,7 @@ from typing import Any, cast
 import lightning as L
 import torch
 
-from ragen2.config import settings
+from ragen2.config import ConfigError, settings
 from ragen2.data.batch import RolloutBatch
 from ragen2.distributed import Ranks
 from ragen2.log import log
@@ -48,13 +48,20 @@ from ragen2.perf import phase_metrics, start_phase
 REF_PREFIX = "ref_policy."
 
 
+class RunStopped(ConfigError):
+    """The run stopped before its last iteration for a reason a setting names (``algo.max_empty_iterations``):
+    ``ragen2-train`` ends with this one line and a non-zero status once the run's files are written, so a
+    SLURM array or a script marks the job failed."""
+
+
 class PolicyModule(L.LightningModule):
     """The update of every algorithm: configured by ``algo`` (``AlgoConfig``), not subclassed.
 
     Declared attributes (``ragen2.data.contracts``): ``policy``, the causal LM being trained (the
     DataModule samples from it, callbacks score with it); ``last_metrics``, every metric the latest
     iteration logged. ``critic`` is the PPO critic or None; ``ref_policy`` the frozen reference or None;
-    ``update`` the algorithm over them (``ragen2.modules.update.Update``), set once the models are built.
+    ``update`` the algorithm over them (``ragen2.modules.update.Update``), set once the models are built;
+    ``stopped`` the ``RunStopped`` error that ended the run early, or None.
     """
 
     def __init__(
@@ -77,6 +84,7 @@ class PolicyModule(L.LightningModule):
         self.ref_policy: Any = None
         self.update: Update | None = None
         self.last_metrics: dict[str, float] = {}
+        self.stopped: RunStopped | None = None
 
     # ---- model and optimizer ----------------------------------------------------------------
     def configure_model(self) -> None:
@@ -129,7 +137,7 @@ class PolicyModule(L.LightningModule):
             del weights[key]
         # every rank calls this hook (rank 0 writes): gather each rank's RNG states
         state = self.run_state.state_dict(Ranks.current())
-        checkpoint[KEY] = {**state, "model": asdict(self.model_cfg)}
+        checkpoint[KEY] = {**state, "model": asdict(self.model_cfg), "algo": self.algo.name}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         for change in migrate(checkpoint):
@@ -170,6 +178,14 @@ class PolicyModule(L.LightningModule):
         self.run_state.empty_streak += 1
         streak, limit = self.run_state.empty_streak, self.algo.max_empty_iterations
         if limit and streak >= limit:
+            # the iteration ends as any other (logged, saved); ragen2.train raises the error after the fit
+            self.stopped = RunStopped(
+                f"algo.max_empty_iterations={limit}: the filter kept no group in {streak} iterations in a row "
+                f"(iterations {iteration - streak + 1}–{iteration}: no group's rollouts differed in reward), so "
+                f"the run stopped after iteration {iteration}. Fix: more spread within a group "
+                "(rollout.group_size, rollout.temperature), a filter that keeps more (filter.value, filter=none), "
+                "or algo.max_empty_iterations=0 to go on regardless"
+            )
             log.warning(
                 "stopping: %d consecutive iterations kept no group (algo.max_empty_iterations=%d)",
                 streak,

@@ -50,7 +50,7 @@ from ragen2.algos.batching import local_rows, micro_batches, minibatch_order, ro
 from ragen2.algos.filters import loss_scale
 from ragen2.algos.kl import kl_penalty
 from ragen2.algos.logprobs import sampled_logprobs
-from ragen2.algos.losses import aggregate, entropy_loss
+from ragen2.algos.losses import aggregate, entropy_loss, tis_weights
 from ragen2.data.batch import RolloutBatch
 from ragen2.distributed import ONE_PROCESS, Ranks
 from ragen2.log import log
@@ -63,6 +63,7 @@ from ragen2.modules.run_state import RunState
 from ragen2.progress import bar
 
 Backward = Callable[[torch.Tensor], None]
+LARGE_GAP = 0.1  # |Δ log p| above which a sampled token counts in rollout/logprob_gap_large_share
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -195,7 +196,7 @@ class Update:
         inputs = self.prepare(
             batch, kept, order[0][0], kl_reward=self.algo.kl_reward, kept_ratio=share.ratio, ranks=ranks
         )
-        metrics = {**inputs.metrics, **_advantage_stats(inputs, self.critic, ranks)}
+        metrics = {**inputs.metrics, **_advantage_stats(inputs, batch.returns[kept], self.critic, ranks)}
         # 4. mini-batches of micro-batches: backward, clip, step
         metrics.update(self._train(inputs, order, optimizer, scheduler, backward, state, ranks))
         # 5. how far the sampler's log-probs were from the training model's
@@ -282,9 +283,15 @@ class Update:
             terms.stats.update(critic_stats)
         if self.critic is not None and not self.critic.trains_policy(mb.iteration):
             return terms, old_logp
-        terms.policy, pg_stats = self.algo.policy_loss(
-            logp, old_logp, inputs.advantages[rows, :width], mask, mb.turn_index
-        )
+        advantages = inputs.advantages[rows, :width]
+        if self.algo.tis.cap is not None:  # the sampler drew the tokens: weigh each by π_old/π_sampler
+            weights = tis_weights(old_logp, mb.sampler_logprobs, self.algo.tis.cap)
+            advantages = advantages * weights
+            m = mask.to(weights.dtype)
+            terms.stats["tis_weight"] = float((weights * m).sum() / m.sum().clamp(min=1))
+            capped = (weights >= self.algo.tis.cap).to(m.dtype)
+            terms.stats["tis_capped"] = float((capped * m).sum() / m.sum().clamp(min=1))
+        terms.policy, pg_stats = self.algo.policy_loss(logp, old_logp, advantages, mask, mb.turn_index)
         ent = entropy_loss(entropy, mask, agg, norm)
         terms.entropy = -self.algo.entropy_coef * ent
         terms.stats.update(entropy=float(ent.detach()), **{k: float(v) for k, v in pg_stats.items()})
@@ -426,16 +433,36 @@ class Update:
         backward(loss)
 
 
-def _advantage_stats(inputs: UpdateInputs, critic: Critic | None, ranks: Ranks) -> dict[str, float]:
-    """The advantages' mean and mean magnitude over every rank's sampled tokens, and the critic's view."""
+def _advantage_stats(
+    inputs: UpdateInputs, returns: torch.Tensor, critic: Critic | None, ranks: Ranks
+) -> dict[str, float]:
+    """The advantages' mean and mean magnitude over every rank's sampled tokens; the rows whose advantage is
+    non-zero on some sampled token (``train/effective_rows``) and their mean return (``returns`` [B], the
+    episodes' before KL in the reward: ``train/effective_reward``, absent when there is none); the
+    critic's view. A group-relative estimator gives a group whose returns are all equal no advantage, so
+    the effective reward is that of the rollouts the task gradient learns from."""
     mask, adv = inputs.batch.loss_mask, inputs.advantages
     m = mask.to(adv.dtype)
-    sums = ranks.sum(torch.stack([(adv * m).sum(), (adv.abs() * m).sum(), m.sum()]))
+    effective = ((adv != 0) & mask.bool()).any(-1).to(adv.dtype)  # [B]
+    sums = ranks.sum(
+        torch.stack(
+            [
+                (adv * m).sum(),
+                (adv.abs() * m).sum(),
+                m.sum(),
+                effective.sum(),
+                (returns.to(adv.dtype) * effective).sum(),
+            ]
+        )
+    )
     count = sums[2] if float(sums[2]) > 0 else torch.ones_like(sums[2])
     out = {
         "train/advantage_mean": float(sums[0] / count),
         "train/advantage_abs": float(sums[1] / count),
+        "train/effective_rows": float(sums[3]),
     }
+    if float(sums[3]) > 0:
+        out["train/effective_reward"] = float(sums[4] / sums[3])
     if critic is not None:
         assert inputs.returns is not None and inputs.values is not None
         out.update(critic.stats(inputs.returns, inputs.values, mask, inputs.batch.iteration))
@@ -495,13 +522,30 @@ def _pad_to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _logprob_gap(old_logp: torch.Tensor, batch: RolloutBatch, ranks: Ranks) -> dict[str, float]:
     """How far the sampler's log-probs are from the training model's recomputed ones, on sampled tokens
-    (every rank's kept rows)."""
+    (every rank's kept rows): the mean and largest |Δ log p|, the share of tokens with |Δ| > 0.1, and the
+    k3 estimate of KL(π_sampler ‖ π_old) over the sampler's own draws, E[r − 1 − log r] with r = π_old/π_sampler."""
     sampled = batch.sampler_logprobs
     compared = batch.loss_mask.bool() & ~torch.isnan(sampled)
-    gap = (old_logp - sampled)[compared].abs()
-    parts = ranks.gather((float(gap.sum()), int(gap.numel()), float(gap.max()) if gap.numel() else 0.0))
-    count = sum(n for _, n, _ in parts)
+    delta = (old_logp - sampled)[compared]
+    gap = delta.abs()
+    k3 = torch.expm1(delta) - delta
+    parts = ranks.gather(
+        (
+            float(gap.sum()),
+            int(gap.numel()),
+            float(gap.max()) if gap.numel() else 0.0,
+            float(k3.sum()),
+            int((gap > LARGE_GAP).sum()),
+        )
+    )
+    count = sum(p[1] for p in parts)
     if count == 0:
         return {}
-    mean = float(gap.mean()) if ranks.world == 1 else sum(s for s, _, _ in parts) / count
-    return {"rollout/logprob_gap_abs": mean, "rollout/logprob_gap_max": max(m for _, n, m in parts if n)}
+    return {
+        "rollout/logprob_gap_abs": float(gap.mean())
+        if ranks.world == 1
+        else sum(p[0] for p in parts) / count,
+        "rollout/logprob_gap_max": max(p[2] for p in parts if p[1]),
+        "rollout/logprob_gap_k3": sum(p[3] for p in parts) / count,
+        "rollout/logprob_gap_large_share": sum(p[4] for p in parts) / count,
+    }

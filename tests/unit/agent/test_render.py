@@ -1,14 +1,28 @@
-"""ChatRenderer: the context grows by appending ids (docs/method.md §2), checked against ChatML written by hand."""
+"""ChatRenderer: the context grows by appending ids (docs/method.md §2), checked against ChatML written by hand,
+under SmolLM2's tokenizer and Qwen2.5-Instruct's; history-rewriting templates (Qwen3's) refused at start-up."""
 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 
-from ragen2.agent import ChatRenderer, template_fragments
+from ragen2.agent import AgentConfig, ChatRenderer, EpisodeRunner, check_chat_template, template_fragments
+from ragen2.config import ConfigError
+from ragen2.rollout import SamplingParams
 
 SYSTEM = "You push boxes.\nActions: Up, Down, Left, Right."
+# Qwen3-4B-Thinking-2507's chat template as published (its tokenizer_config.json): it moves the last
+# assistant turn's reasoning into "<think>\n…\n</think>\n\n" and drops it from turns before the last query
+QWEN3_TEMPLATE = (Path(__file__).parent / "qwen3_chat_template.jinja").read_text().removesuffix("\n")
+
+
+@pytest.fixture(params=["tokenizer", "qwen_tokenizer"])
+def tokenizer(request):
+    """SmolLM2's tokenizer and Qwen2.5-Instruct's (the session fixtures): every test runs under both."""
+    return request.getfixturevalue(request.param)
 
 
 def _enc(tokenizer, text: str) -> list[int]:
@@ -94,5 +108,44 @@ def test_history_rewriting_template_is_refused(tokenizer) -> None:
         "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    with pytest.raises(ValueError, match="prefix-stable"):
+    with pytest.raises(ConfigError, match="a later turn changes how it renders the earlier ones"):
         ChatRenderer(tok, SYSTEM)
+
+
+def test_a_generation_prompt_unlike_the_assistant_header_is_refused(tokenizer) -> None:
+    tok = copy.deepcopy(tokenizer)
+    # keeps history, but prompts generation with a header its own assistant turns do not have
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+    )
+    with pytest.raises(ConfigError, match="other text than its generation prompt"):
+        check_chat_template(tok)
+
+
+def test_qwen3_template_is_refused_in_one_line_naming_the_model_and_the_fix(tmp_path: Path) -> None:
+    """Qwen's tokenizer with Qwen3's published template, loaded from a folder as a user's model would be."""
+    from ragen2.models import load_tokenizer, resolve_model_path
+
+    folder = tmp_path / "Qwen3-like"
+    folder.mkdir()
+    built = Path(resolve_model_path("tiny-qwen2"))
+    (folder / "tokenizer.json").symlink_to(built / "tokenizer.json")
+    config = json.loads((built / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN3_TEMPLATE}))
+    tok = load_tokenizer(str(folder))
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": "<think>r</think>a"}],
+        tokenize=False,
+    )
+    assert rendered.endswith("<think>\nr\n</think>\n\na<|im_end|>\n")  # the real template, applied
+    with pytest.raises(ConfigError) as refused:
+        EpisodeRunner(lambda: None, tok, AgentConfig(), SamplingParams())
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"model.name_or_path='{folder}': its chat template does not keep history verbatim"
+    )
+    assert (
+        "rewrites an assistant turn's <think>" in message and "Fix: a model whose template keeps" in message
+    )

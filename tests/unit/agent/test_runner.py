@@ -193,7 +193,15 @@ def check_token_contract(episodes: list[Episode], rec: Recorder, runner: Episode
 # ---- the token contract on real episodes ---------------------------------------------------------
 
 
-def test_token_contract_hf_sampler_tiny_model(tokenizer, tiny_model) -> None:
+# SmolLM2's tokenizer and 49k vocabulary; Qwen2.5's tokenizer, ChatML template and 151,936-row vocabulary
+TINY_MODELS = [("tokenizer", "tiny_model"), ("qwen_tokenizer", "tiny_qwen2")]
+
+
+@pytest.mark.parametrize(("tokenizer_fixture", "model_fixture"), TINY_MODELS)
+def test_token_contract_hf_sampler_tiny_model(
+    request: pytest.FixtureRequest, tokenizer_fixture: str, model_fixture: str
+) -> None:
+    tokenizer, tiny_model = request.getfixturevalue(tokenizer_fixture), request.getfixturevalue(model_fixture)
     runner = _runner(tokenizer, cfg=AgentConfig(max_turns=3), max_new_tokens=12)
     sampler = HFSampler(tokenizer, tiny_model)
     rec = Recorder(sampler)
@@ -219,7 +227,9 @@ def test_token_contract_hf_sampler_tiny_model(tokenizer, tiny_model) -> None:
 SCRIPTED = (*DEFAULT_RESPONSES, "Stuck.</think><answer>Down || Left</answer><|im_end|>")
 
 
-def test_token_contract_scripted_sampler(tokenizer) -> None:
+@pytest.mark.parametrize("tokenizer_fixture", [t for t, _ in TINY_MODELS])
+def test_token_contract_scripted_sampler(request: pytest.FixtureRequest, tokenizer_fixture: str) -> None:
+    tokenizer = request.getfixturevalue(tokenizer_fixture)
     runner = _runner(tokenizer, cfg=AgentConfig(max_turns=5))
     rec = Recorder(ScriptedSampler(tokenizer, SCRIPTED))
     episodes = runner.collect(rec, seeds=[2, 3, 1], group_size=3, sample_seed=0)
@@ -232,6 +242,23 @@ def test_token_contract_scripted_sampler(tokenizer) -> None:
     assert sizes[0] == 9 and len(set(sizes)) >= 3 and sizes == sorted(sizes, reverse=True)
     assert {ep.end_reason for ep in episodes} == {"terminated", "max_turns"}
     assert all(m.oracle is not None for call in rec.calls[:1] for m in call.meta)
+
+
+def test_each_group_is_handed_over_once_as_soon_as_it_has_ended(tokenizer) -> None:
+    runner = _runner(tokenizer, cfg=AgentConfig(max_turns=5))
+    rec = Recorder(ScriptedSampler(tokenizer, SCRIPTED))
+    handed: list[tuple[int, int, list[str]]] = []  # (sampler calls so far, seed, end reasons)
+
+    def done(group: list) -> None:
+        handed.append((len(rec.calls), group[0].seed, [ep.end_reason for ep in group]))
+
+    episodes = runner.collect(rec, seeds=[2, 3, 1], group_size=3, sample_seed=0, group_done=done)
+    assert sorted(seed for _, seed, _ in handed) == [1, 2, 3]  # each group once
+    for calls, seed, reasons in handed:
+        group = [ep for ep in episodes if ep.seed == seed]
+        assert all(reasons) and calls == max(len(ep.turns) for ep in group)  # right after its last turn
+    assert [calls for calls, _, _ in handed] == sorted(calls for calls, _, _ in handed)
+    assert len({calls for calls, _, _ in handed}) > 1  # some groups were handed over before others ended
 
 
 @pytest.mark.parametrize("env_id", list(ragen2_envs.ENV_IDS))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from ragen2.algos.logprobs import masked_mean, sampled_logprobs, token_stats
+from ragen2.algos.logprobs import LOGIT_BUDGET, chunk_rows_for, masked_mean, sampled_logprobs, token_stats
 from ragen2.models.forward import decoder_hidden, lm_head
 
 
@@ -204,3 +204,56 @@ def test_shared_prefix_needs_right_padding() -> None:
     attn[0, 0] = 0  # left-padded row
     with pytest.raises(ValueError, match="right-padded"):
         prefix_groups(ids, attn)
+
+
+def test_a_chunk_holds_the_logit_budget_whatever_the_vocabulary() -> None:
+    # 1024 · 49152 logits per chunk: 1024 rows of SmolLM2's vocabulary, ⌊50331648 / 151936⌋ = 331 of Qwen2.5's
+    assert LOGIT_BUDGET == 1024 * 49152
+    assert (chunk_rows_for(49152), chunk_rows_for(151936)) == (1024, 331)
+    assert chunk_rows_for(10**9) == 1  # a vocabulary above the budget: one row at a time
+    assert chunk_rows_for(100, budget=250) == 2
+
+
+def test_qwen_vocabulary_in_budgeted_chunks_equals_one_full_softmax(tiny_qwen2) -> None:
+    """Qwen2.5's 151,936 logits per row: 400 rows run as chunks of 331 and 69 by default. Log-probs,
+    entropies and the gradients through the head and the trunk equal one unchunked pass and the naive
+    full-vocabulary log-softmax (all rows' logits at once)."""
+    model = tiny_qwen2
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 151665, (1, 401), generator=gen)
+    mask = torch.ones_like(ids)
+
+    def run(chunk_rows: int | None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], set[int]]:
+        model.zero_grad()
+        rows: set[int] = set()  # the head's input rows per call (forward, and its recomputation)
+        hook = model.lm_head.register_forward_hook(lambda _m, args, _out: rows.add(args[0].shape[0]))
+        hidden = decoder_hidden(model, ids, torch.ones_like(ids))
+        logp, ent = sampled_logprobs(
+            hidden, ids, mask, lm_head(model), with_entropy=True, chunk_rows=chunk_rows
+        )
+        assert ent is not None
+        (logp.sum() + 0.5 * ent.sum()).backward()
+        hook.remove()
+        grads = [
+            p.grad.clone()
+            for p in (model.model.embed_tokens.weight, model.model.layers[0].mlp.up_proj.weight)
+        ]
+        return logp.detach(), ent.detach(), grads, rows
+
+    chunked, whole = run(None), run(400)
+    assert (chunked[3], whole[3]) == ({331, 69}, {400})  # no [400, 151936] logits at once by default
+    model.zero_grad()
+    logits = model(input_ids=ids).logits[:, :-1]  # [1, 400, 151936]: the naive pass
+    full = torch.log_softmax(logits, -1)
+    want_logp = full.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    want_ent = -(full.exp() * full).sum(-1)
+    (want_logp.sum() + 0.5 * want_ent.sum()).backward()
+    naive_grads = [model.model.embed_tokens.weight.grad, model.model.layers[0].mlp.up_proj.weight.grad]
+    for logp, ent, grads, _ in (chunked, whole):
+        # log-probs and entropies near log 151936 ≈ 11.9: a few float32 ulps apart
+        torch.testing.assert_close(logp[:, 1:], want_logp.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ent[:, 1:], want_ent.detach(), atol=1e-5, rtol=1e-5)
+        for ours, naive in zip(grads, naive_grads, strict=True):
+            torch.testing.assert_close(ours, naive, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(chunked[0], whole[0], atol=1e-5, rtol=1e-5)
+    model.zero_grad(set_to_none=True)

@@ -157,3 +157,27 @@ def decode(ids: Sequence[int]) -> str:
 )
 def test_extract_reasoning(sampled: list[int], expected: list[int] | None) -> None:
     assert extract_reasoning(sampled, decode) == expected
+
+
+def test_qwen_vocabulary_cached_equals_naive(tiny_qwen2, qwen_tokenizer) -> None:
+    """Qwen2.5's 151,936-entry vocabulary: real ChatML prompts under the Qwen template and 4 distinct
+    reasonings that pack 4 × 95 = 380 positions into a column, so the head runs in chunks of 331 and 49
+    rows (``ragen2.algos.logprobs``); the naive scorer computes every pair's full logits at once."""
+    from ragen2.agent import ChatRenderer
+
+    renderer = ChatRenderer(qwen_tokenizer, "You walk on a frozen lake. Reach the goal G; avoid holes O.")
+    prompts = [
+        renderer.first_prompt(f"Turn 1:\nState:\nP _ _\n_ O _\n_ _ G\nYou are at row {r}.") for r in (1, 2)
+    ]
+    text = "I am at the top left; the goal is two steps down and two to the right, past the hole. " * 6
+    z = list(qwen_tokenizer.encode(text, add_special_tokens=False))[:95]
+    rows = [(x, z[k:] + z[:k]) for x in prompts for k in (0, 7, 14, 21)]
+    naive = naive_cross_score(tiny_qwen2, rows, batch_size=4)
+    heads: list[int] = []
+    hook = tiny_qwen2.lm_head.register_forward_hook(lambda _m, args, _out: heads.append(args[0].shape[0]))
+    cached = cross_score(tiny_qwen2, rows)
+    hook.remove()
+    # per column: the prompt's cache (its last position's logits only), then the 380 positions in two chunks
+    assert heads == [1, 331, 49] * 2
+    assert cached.tokens_processed < naive.tokens_processed
+    torch.testing.assert_close(cached.logp_sum, naive.logp_sum, atol=1e-3, rtol=1e-5)  # sums of 95 terms ≈ 12

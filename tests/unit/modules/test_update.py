@@ -190,3 +190,29 @@ def test_the_kept_share_travels_on_the_batch_and_scales_the_advantages() -> None
     out = update.run(half, optimizer, scheduler, torch.Tensor.backward, RunState())
     # mean |A| over sampled tokens (the advantages above): (1.5·2 + 0.5·9 + (√3/2)·12) / 23, then × 1/2
     assert out["train/advantage_abs"] == pytest.approx((7.5 + 3**0.5 / 2 * 12) / 23 / 2, rel=1e-5)
+
+
+def test_the_effective_reward_is_the_mean_return_of_rows_with_an_advantage() -> None:
+    # group 0 returns (1, 0, 0, 0): mean 0.25, every row off it; group 1 (0, 1, 0.5, 0.5): mean 0.5, so
+    # its last two rows get no GRPO advantage. Effective rows 4 + 2 = 6, their mean return
+    # (1 + 0 + 0 + 0 + 0 + 1)/6 = 1/3 (the plain mean over the 8 rows would be 3/8)
+    returns = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.5, 0.5]]
+    episodes = [
+        episode(g, [turn([*PROMPT, 20 + g], [100 + 10 * k, 101 + 10 * k], reward=r)], sample=k)
+        for g, rewards in enumerate(returns)
+        for k, r in enumerate(rewards)
+    ]
+    batch = collate_episodes(episodes, num_groups=2, pad_id=0)
+    torch.manual_seed(0)
+    policy = load_model("tiny")
+    update = Update(make_algo("algo.mini_batch_size=8"), policy)
+    optimizer, scheduler = build_optimizer(update.algo, policy, None)
+    out = update.run(batch, optimizer, scheduler, torch.Tensor.backward, RunState())
+    assert out["train/effective_rows"] == 6.0
+    assert out["train/effective_reward"] == pytest.approx(1 / 3)
+    # no row with an advantage (every return equal): no effective reward to report
+    flat = dataclasses.replace(
+        batch, returns=torch.zeros(8), token_rewards=torch.zeros_like(batch.token_rewards)
+    )
+    out = update.run(flat, optimizer, scheduler, torch.Tensor.backward, RunState())
+    assert out["train/effective_rows"] == 0.0 and "train/effective_reward" not in out

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
+import math
 
 import pytest
 import torch
+from helpers import ScriptLM
 
 from ragen2.rollout import SamplingParams
 from ragen2.rollout.hf import HFSampler, _filter_logits
@@ -198,32 +199,6 @@ def test_sync_weights_drops_held_caches(tokenizer, tiny_model, prompts) -> None:
     _assert_logprobs_match_forward(other, nxt, sampler.generate(nxt, GREEDY, seed=0))
 
 
-class ScriptLM(torch.nn.Module):
-    """A deterministic LM: row i emits ``scripts[last prompt token of row i]`` token by token, then ``default``.
-
-    Its "cache" is the script state, handed back through ``past_key_values`` as the sampler threads it, so
-    any token may repeat inside a script. Use it with ``reuse_prefix=False`` (it holds no real keys/values).
-    """
-
-    def __init__(self, vocab_size: int, scripts: dict[int, list[int]], default: int) -> None:
-        super().__init__()
-        self.anchor = torch.nn.Parameter(torch.zeros(1))  # so that next(parameters()) has a device
-        self.scripts, self.default, self.vocab_size = scripts, default, vocab_size
-
-    def forward(
-        self, input_ids: torch.Tensor, past_key_values: object = None, **_: object
-    ) -> SimpleNamespace:
-        state = past_key_values
-        if not isinstance(state, SimpleNamespace):  # first call of a batch: the whole (left-padded) prompt
-            state = SimpleNamespace(keys=input_ids[:, -1].tolist(), n=0)
-        script = [self.scripts.get(k, []) for k in state.keys]
-        nxt = [s[state.n] if state.n < len(s) else self.default for s in script]
-        state.n += 1
-        logits = torch.full((*input_ids.shape, self.vocab_size), -20.0)
-        logits[:, -1, :].scatter_(-1, torch.tensor(nxt)[:, None], 20.0)
-        return SimpleNamespace(logits=logits, past_key_values=state)
-
-
 def _script_sampler(tokenizer, scripts: dict[int, list[int]], default: int) -> HFSampler:
     return HFSampler(tokenizer, ScriptLM(len(tokenizer), scripts, default), reuse_prefix=False)
 
@@ -382,16 +357,25 @@ def test_preallocated_cache_right_aligns_each_rows_prefix() -> None:
     assert (layer.buffers[1][:, :, 3:] == 0).all()  # unwritten room is zero: masked, never NaN
 
 
-@pytest.mark.parametrize("check_every", [1, 5])
-def test_stop_rule_matches_decoding_every_tail(tokenizer, check_every: int) -> None:
+@pytest.mark.parametrize(
+    ("tokenizer_fixture", "check_every"),
+    [("tokenizer", 1), ("tokenizer", 5), pytest.param("qwen_tokenizer", 5, marks=pytest.mark.slow)],
+)
+def test_stop_rule_matches_decoding_every_tail(
+    request: pytest.FixtureRequest, tokenizer_fixture: str, check_every: int
+) -> None:
     """Random scripts of pieces that spell stop strings in many ways (single characters, split UTF-8
-    bytes, "</answer>" in one to nine tokens, newlines): the sampler, which decodes only candidate tokens,
-    stops each row where decoding the tail after every token does (``cut_at_stop``, the rule itself)."""
+    bytes, "</answer>" in one to nine tokens, newlines), under SmolLM2's and Qwen2.5's tokenizers (Qwen's
+    ">\n\n" and ">." carry text past the stop): the sampler, which decodes only candidate tokens, stops
+    each row where decoding the tail after every token does (``cut_at_stop``, the rule itself)."""
     from ragen2.rollout.vllm import cut_at_stop
+
+    tokenizer = request.getfixturevalue(tokenizer_fixture)
 
     vocab = tokenizer.get_vocab()
     pieces = [
         *(_enc(tokenizer, t) for t in ["</answer>", "</", "answer", ">", "er>", " </answer>", "\n", "\n\n"]),
+        *(_enc(tokenizer, t) for t in ["</answer>\n\n", "</answer>.", ".</think>"]),
         *([vocab[c]] for c in "</answer>x"),
         *(_enc(tokenizer, t) for t in ["😀", "日本", "é", " the", "<answer>Up", "<|im_end|>"]),
         [tokenizer.eos_token_id],
@@ -461,3 +445,20 @@ def test_stop_strings_are_decoded_only_for_tokens_that_could_end_one(tokenizer, 
     sampled = sum(len(s.ids) for s in out)
     assert sampled == 3 * 12
     assert counting.decodes <= 2  # 36 draws from a near-uniform 49k-way distribution
+
+
+@pytest.mark.parametrize("decode_step", ["eager", "static"])
+def test_mixed_precision_decoding_across_turns(tokenizer, tiny_model, prompts, decode_step: str) -> None:
+    """Under the trainer's bf16 autocast (trainer=gpu), rotary keys come out in fp32 and values in bf16:
+    the held caches and the preallocated buffers take both in the autocast dtype, across a group's shared
+    prefill and a second turn on held prefixes, with the fixed-shape step (a CUDA graph's) and the eager one.
+    (The fixed-shape step once failed here with a dtype mismatch in index_copy_.)"""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, stop=())
+    group = [prompts[0], prompts[0], prompts[1]]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sampler = HFSampler(tokenizer, tiny_model, decode_step=decode_step)
+        turn1 = sampler.generate(group, params, seed=1)
+        nxt = [_next_turn(tokenizer, p, s.ids, "again") for p, s in zip(group, turn1)]
+        turn2 = sampler.generate(nxt, params, seed=2)
+    for s in turn1 + turn2:
+        assert len(s.ids) == 6 and all(math.isfinite(x) for x in s.logprobs)

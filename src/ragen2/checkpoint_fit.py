@@ -1,0 +1,171 @@
+"""Whether a checkpoint can continue as the run that resumes it is configured, checked before the loop starts.
+
+A checkpoint records the env, rollout and model settings its run trained with (``RolloutDataModule`` and
+``ragen2`` entries, ``ragen2.models.checkpoint.saved_settings``), the algorithm's name, its weights and its
+optimizer's state. Against the composed config:
+
+- refused, one line each, what cannot continue: another env id (the policy learned one env), weights of
+  another shape than the configured model's (a different model), a critic the algorithm does not have or
+  lacks (``algo=ppo`` on a GRPO checkpoint, and the reverse);
+- warned, one line each, what continues but differs: every other env, rollout and model setting (the run
+  goes on with the new value), the algorithm's name, and the optimizer's learning rate, weight decay and
+  gradient clip, which the resumed optimizer keeps from the checkpoint (Lightning restores its state and
+  its schedule: the new values do not take effect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ragen2.config import ConfigError, shown
+from ragen2.log import log
+from ragen2.models.checkpoint import POLICY_PREFIX, read_checkpoint
+from ragen2.models.loading import resolve_model_path
+from ragen2.modules.run_state import KEY
+
+CRITIC_PREFIX = "critic."
+#: the optimizer group settings a resumed optimizer keeps: config key under a group's node -> group key
+_GROUP_KEYS = {"lr": "initial_lr", "weight_decay": "weight_decay", "grad_clip": "max_norm"}
+
+
+def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
+    """Refuse a checkpoint the configured run cannot continue from; warn on each setting that differs
+    (``ckpt_path``: as ``ragen2.resume`` resolved it, a file that loads with finite weights)."""
+    state = read_checkpoint(ckpt_path, key="ckpt_path", finite=False)  # mapped: no weight is read here
+    where = f"ckpt_path={ckpt_path}"
+    data, run = state.get("RolloutDataModule") or {}, state.get(KEY) or {}
+    env = _plain(cfg.env)
+    saved_env = data.get("env") or {}
+    if saved_env and saved_env.get("id") != env["id"]:
+        raise ConfigError(
+            f"{where} continues a run on env.id={saved_env.get('id')}, and this run sets env.id={env['id']}: the "
+            f"policy and its run state belong to the env it trained on. Fix: the checkpoint's env "
+            f"(env.id={saved_env.get('id')}), or ckpt_path=null in a new run folder to start afresh on {env['id']}"
+        )
+    _check_critic(cfg, state["state_dict"], where, run.get("algo"))
+    _check_shapes(str(cfg.model.name_or_path), state["state_dict"], where, (run.get("model") or {}))
+    rollout = {k: v for k, v in _plain(cfg.rollout).items() if k != "sampler"}
+    changed = [
+        *_differences("env", saved_env, env),
+        *_differences("rollout", data.get("rollout") or {}, rollout),
+        *_differences("model", run.get("model") or {}, _plain(cfg.model)),
+    ]
+    for key, saved, value in changed:
+        log.warning(
+            "%s: %s=%s here, %s in the checkpoint's run; continuing with %s",
+            where,
+            key,
+            shown(value),
+            shown(saved),
+            shown(value),
+        )
+    if run.get("algo") not in (None, cfg.algo.name):
+        log.warning("%s: algo=%s here, %s in the checkpoint's run", where, cfg.algo.name, run["algo"])
+    for key, saved, value in _optimizer_differences(cfg, state.get("optimizer_states") or []):
+        log.warning(
+            "%s: %s=%s here, %s in the checkpoint; the resumed optimizer keeps %s (its state and schedule are "
+            "restored). Fix: ckpt_path=null in a new run folder to train with %s",
+            where,
+            key,
+            shown(value),
+            shown(saved),
+            shown(saved),
+            shown(value),
+        )
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    """A config node's values, resolved, as a plain dict."""
+    container = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    return {str(k): v for k, v in (container or {}).items()} if isinstance(container, Mapping) else {}
+
+
+def _leaves(values: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            yield from _leaves(value, f"{prefix}.{key}")
+        else:
+            yield f"{prefix}.{key}", list(value) if isinstance(value, tuple) else value
+
+
+def _differences(node: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, value now) for each setting under ``node`` that both hold and that differs."""
+    before, after = dict(_leaves(saved, node)), dict(_leaves(now, node))
+    return [(k, before[k], after[k]) for k in after if k in before and before[k] != after[k]]
+
+
+NO_CRITIC, VALUE_HEAD, OWN_TRUNK = "no critic", "a value head", "a critic with its own trunk"
+
+
+def _held_critic(weights: Mapping[str, Any]) -> str:
+    """The critic a state dict holds: none, a value head on the policy's trunk, or a trunk of its own."""
+    parts = {k[len(CRITIC_PREFIX) :].split(".")[0] for k in weights if k.startswith(CRITIC_PREFIX)}
+    return OWN_TRUNK if "trunk" in parts else VALUE_HEAD if parts else NO_CRITIC
+
+
+def _check_critic(cfg: DictConfig, weights: Mapping[str, Any], where: str, saved_algo: str | None) -> None:
+    critic = cfg.algo.get("critic")
+    wanted = NO_CRITIC if critic is None else VALUE_HEAD if critic.get("trunk") is None else OWN_TRUNK
+    held = _held_critic(weights)
+    if held != wanted:
+        trained = f" (its run: algo={saved_algo})" if saved_algo else ""
+        raise ConfigError(
+            f"{where} holds {held}{trained}, and algo={cfg.algo.name} trains {wanted}: the weights and the "
+            "optimizer state cannot continue as another layout. Fix: "
+            + (f"algo={saved_algo}" if saved_algo else f"an algo with {held}")
+            + ", or ckpt_path=null in a new run folder"
+        )
+
+
+def _check_shapes(
+    name_or_path: str, weights: Mapping[str, Any], where: str, saved_model: Mapping[str, Any]
+) -> None:
+    """The checkpoint's policy weights against the configured model's, built on the meta device (shapes, no
+    memory, no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model_path(name_or_path)))
+    expected = {POLICY_PREFIX + k: tuple(v.shape) for k, v in model.state_dict().items()}
+    held = {k: tuple(v.shape) for k, v in weights.items() if k.startswith(POLICY_PREFIX)}
+    tied = {POLICY_PREFIX + k for k in getattr(model, "_tied_weights_keys", None) or ()}
+    problems = [
+        *(
+            f"{k}: {list(held[k])} there, {list(s)} here"
+            for k, s in expected.items()
+            if k in held and held[k] != s
+        ),
+        *(f"{k} is not in the model" for k in held if k not in expected),
+        *(f"{k} is missing" for k in expected if k not in held and k not in tied),
+    ]
+    if problems:
+        model_then = saved_model.get("name_or_path")
+        raise ConfigError(
+            f"{where} holds the weights of another model than model.name_or_path={name_or_path} "
+            f"({len(problems)} tensors differ, e.g. {problems[0]}). Fix: "
+            + (
+                f"model.name_or_path={model_then} (the checkpoint's)"
+                if model_then
+                else "the checkpoint's model"
+            )
+            + ", or ckpt_path=null in a new run folder"
+        )
+
+
+def _optimizer_differences(cfg: DictConfig, optimizers: list[Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved, configured) for each optimizer group setting the checkpoint's optimizer keeps."""
+    groups = {g.get("name"): g for g in (optimizers[0].get("param_groups", []) if optimizers else [])}
+    nodes = {"policy": ("algo.optim", cfg.algo.optim), "critic": ("algo.critic", cfg.algo.get("critic"))}
+    found = []
+    for name, (path, node) in nodes.items():
+        if node is None or name not in groups:
+            continue
+        for key, group_key in _GROUP_KEYS.items():
+            saved, value = groups[name].get(group_key), node.get(key)
+            if saved is not None and value is not None and float(saved) != float(value):
+                found.append((f"{path}.{key}", saved, value))
+    return found

@@ -1,0 +1,48 @@
+"""The iteration's groups by outcome and the spread of their reward variance (``group_metrics``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import episode, turn
+
+from ragen2.agent.episode import Episode
+from ragen2.data.metrics import group_metrics
+
+
+def _episode(group: int, sample: int, reward: float, success: bool, penalty: float = 0.0) -> Episode:
+    ep = episode(group, [turn([1, 2], [3], reward=reward, penalty=penalty)], sample=sample)
+    ep.success = success
+    return ep
+
+
+def test_groups_by_outcome_and_the_cv_of_their_reward_std() -> None:
+    rank0 = [
+        _episode(0, 0, 1.0, True),  # group 0: both succeed, returns (1, 1): RV 0
+        _episode(1, 0, 0.0, False),  # group 1: both fail, returns (0, -0.1): RV = 0.1/√2
+        _episode(0, 1, 1.0, True),
+        _episode(1, 1, 0.0, False, penalty=-0.1),
+    ]
+    # another rank's (or round's) group 0 is a group of its own: one success, returns (1, 0): RV = 1/√2
+    rank1 = [_episode(0, 0, 1.0, True), _episode(0, 1, 0.0, False)]
+    out = group_metrics([rank0, rank1])
+    assert out["groups"] == 3.0
+    assert out["groups_all_success"] == out["groups_all_fail"] == out["groups_mixed"] == pytest.approx(1 / 3)
+    # RV = (0, a/10, a), a = 1/√2: mean 1.1a/3; population variance (0.01a² + a²)/3 − (1.1a/3)² = 1.82a²/9,
+    # so Std/Mean = (a√1.82/3)/(1.1a/3) = √1.82/1.1 = 1.226431
+    a = 1 / math.sqrt(2)
+    assert out["rv_mean"] == pytest.approx(1.1 * a / 3)
+    assert out["rv_cv"] == pytest.approx(math.sqrt(1.82) / 1.1)
+    assert out["rv_cv"] == pytest.approx(1.226431, abs=1e-6)
+
+
+def test_a_batch_without_reward_variance_and_one_without_groups() -> None:
+    # every group fails alike (a format penalty in each rollout does not make a variance): cv 0, not NaN
+    same = [[_episode(g, k, 0.0, False, penalty=-0.1) for g in range(2) for k in range(3)]]
+    out = group_metrics(same)
+    assert (out["groups"], out["groups_all_fail"], out["groups_mixed"]) == (2.0, 1.0, 0.0)
+    assert (out["rv_mean"], out["rv_cv"]) == (0.0, 0.0)
+    # a group of one rollout: all-success or all-fail, never mixed, RV 0
+    assert group_metrics([[_episode(0, 0, 1.0, True)]])["groups_all_success"] == 1.0
+    assert group_metrics([]) == {}
