@@ -153,14 +153,14 @@ def test_an_empty_demonstration_set_is_refused(tokenizer) -> None:
 def test_a_tokenizer_that_renders_other_ids_is_found(tokenizer) -> None:
     env = _env("frozenlake", size=3)
     episodes = demonstrate(_runner(env, tokenizer), DemoConfig(episodes=3), seed=0)
-    assert (
-        first_difference(episodes, _runner(env, copy.deepcopy(tokenizer)), DemoConfig(episodes=3), 0) is None
-    )
+    assert first_difference(episodes, _runner(env, copy.deepcopy(tokenizer)), DemoConfig(episodes=3), 0) is None
+    # a template that ends each message with a blank line: the ids part right after the system message
     other = copy.deepcopy(tokenizer)
-    other.chat_template = tokenizer.chat_template.replace("message['role'] + '\n'", "message['role'] + ':\n'")
+    other.chat_template = tokenizer.chat_template.replace("'<|im_end|>' + '\n'", "'<|im_end|>' + '\n\n'")
     assert other.chat_template != tokenizer.chat_template
     seed, at = first_difference(episodes, _runner(env, other), DemoConfig(episodes=3), 0) or (None, None)
-    assert seed == episodes[0].seed and at is not None and 0 < at < 10  # right after "<|im_start|>system"
+    end_of_system = episodes[0].token_ids.index(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    assert (seed, at) == (episodes[0].seed, end_of_system + 1)
 
 
 def test_a_prompt_without_a_plan_is_answered_with_eos(tokenizer) -> None:
