@@ -101,7 +101,8 @@ def main(argv: list[str]) -> None:
         if not results[step].is_file():
             seconds[step] = _run(args)
             timing.write_text(json.dumps(seconds))
-    warm, evaluation, diag = (json.loads(results[step].read_text()) for step in commands)
+    warm, evaluation, report = (json.loads(results[step].read_text()) for step in commands)
+    diag = report["metrics"]
     fmt, success = evaluation["sampled/format_valid_rate"], evaluation["sampled/success"]
     record = {
         "name": name,
