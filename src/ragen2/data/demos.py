@@ -123,11 +123,12 @@ def _check_turns(ep: Episode, demonstrator: Demonstrator, runner: EpisodeRunner)
         if turn.text != planned.reply:
             limit = runner.params.max_new_tokens
             if turn.finish_reason == "length":
-                size = len(runner.tokenizer.encode(planned.reply, add_special_tokens=False))
+                size = _tokens(runner, planned.reply)
+                longest = max(_tokens(runner, d.reply) for d in demonstrator.demonstrated.values() if d.reply)
                 raise ConfigError(
                     f"rollout.max_new_tokens={limit} cuts the demonstrated reply of {size} tokens ({where}): "
-                    f"the loop would never sample it whole. Fix: rollout.max_new_tokens={size} (in the RL "
-                    "run too: the prompt states the limit), or a shorter demos.reply"
+                    f"the loop would never sample it whole. Fix: rollout.max_new_tokens={longest} (the longest "
+                    "reply; in the RL run too: the prompt states the limit), or a shorter demos.reply"
                 )
             raise ConfigError(
                 f"demos.reply={demonstrator.reply!r}: the loop would stop the reply at its first stop string "
@@ -142,6 +143,10 @@ def _check_turns(ep: Episode, demonstrator: Demonstrator, runner: EpisodeRunner)
                 f"reasoning, then </think>, then <answer>{{oracle}}</answer>, e.g. demos.reply='{DEFAULT_REPLY}'"
             )
     return True
+
+
+def _tokens(runner: EpisodeRunner, text: str) -> int:
+    return len(runner.tokenizer.encode(text, add_special_tokens=False))
 
 
 def first_difference(
