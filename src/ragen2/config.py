@@ -375,7 +375,7 @@ def validate(cfg: DictConfig) -> None:
         if isinstance(node, DictConfig) and leaf in node:
             raise ConfigError(f"{_moved(old)} (a config file sets {old})")
     _check_nodes(cfg)
-    _check_top_level(cfg)
+    check_top_level(cfg)
     _check_run_keys(cfg)
     _check_temperature(cfg)
     _check_ranks(cfg)
@@ -383,7 +383,7 @@ def validate(cfg: DictConfig) -> None:
     _check_master_weights(cfg)
     check_writable(run_folders(cfg))
     _check_env_and_model(cfg)
-    _check_target_types(cfg)  # last: it imports the targets' modules
+    check_target_types(cfg)  # last: it imports the targets' modules
 
 
 #: nodes that hold settings; an override can replace one with a value (``algo.optim=0.1``)
@@ -419,14 +419,15 @@ def top_level_keys(config_name: str = "train") -> tuple[str, ...]:
     return tuple(k for k in [*primary, *placed] if k not in ("defaults", "hydra"))
 
 
-def _check_top_level(cfg: DictConfig) -> None:
-    """A key added at the top (``+lr=1e-5``, ``+seeed=1``) is read by nothing: refused, with the key meant."""
-    known = top_level_keys()
+def check_top_level(cfg: DictConfig, config_name: str = "train") -> None:
+    """A key added at the top (``+lr=1e-5``, ``+seeed=1``) is read by nothing: refused, with the key meant
+    (``config_name``: the program's config, ``ragen2-<config_name>``)."""
+    known = top_level_keys(config_name)
     for key in cfg:
         if key not in known:
             raw = cfg._get_node(key)
             value = raw._value() if raw is not None else None
-            raise unknown_key(str(key), value, known, "a key of ragen2-train's config")
+            raise unknown_key(str(key), value, known, f"a key of ragen2-{config_name}'s config")
 
 
 #: the largest seed numpy (and so Lightning's seed_everything) takes: 2**32 - 1
@@ -436,16 +437,21 @@ MAX_SEED = 2**32 - 1
 def _check_run_keys(cfg: DictConfig) -> None:
     """The top-level keys, named as the user sets them (Lightning would name ``max_epochs``, the env
     ``env.max_turns``)."""
+    check_type("iterations", cfg.iterations, int, 2)
+    if cfg.iterations < 1:
+        raise ConfigError(
+            f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch). Fix: iterations=2"
+        )
+    check_seed_and_cap(cfg)
+
+
+def check_seed_and_cap(cfg: DictConfig) -> None:
+    """``seed`` and ``max_turns_cap``, the top-level keys every program that rolls out shares."""
     check_type("seed", cfg.seed, int, 0)
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(
             f"seed={cfg.seed} is outside 0 … {MAX_SEED}, the seeds numpy takes (Lightning seeds it with the "
             "run's seed). Fix: seed=0"
-        )
-    check_type("iterations", cfg.iterations, int, 2)
-    if cfg.iterations < 1:
-        raise ConfigError(
-            f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch). Fix: iterations=2"
         )
     cap = cfg.get("max_turns_cap")
     check_type("max_turns_cap", cap, int | None, 3)
@@ -461,7 +467,7 @@ _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 _INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
 
 
-def _check_target_types(cfg: DictConfig) -> None:
+def check_target_types(cfg: DictConfig) -> None:
     """What a config node hands its ``_target_`` callable, before anything is built: a key the callable does
     not take (``+trainer.max_epoch=3``) is refused with the argument meant, and for ragen2's own targets (a
     filter, a sampler, a callback, an estimator) each value against its annotation. A value that only
