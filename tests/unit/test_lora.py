@@ -254,3 +254,15 @@ def test_lora_settings_are_checked_one_line_each() -> None:
             LoRAConfig(target_modules=("q_proj", entry)).attach(model, "model.name_or_path='tiny'")
         assert "\n" not in str(err.value)
     assert not has_adapters(model)  # refused before anything was injected
+
+
+def test_adapters_over_a_half_precision_base_train_in_fp32() -> None:
+    model = LoRAConfig(rank=4).attach(load_model("tiny", "bfloat16"), "model.name_or_path='tiny'")
+    dtypes = {(".lora_" in n, p.dtype) for n, p in model.named_parameters()}
+    assert dtypes == {(True, torch.float32), (False, torch.bfloat16)}
+    batch = make_batch()
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(
+        p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters() if p.requires_grad
+    )
