@@ -19,7 +19,7 @@ Each setting runs in a process of its own (a fresh resident set; one vLLM engine
 settings alternating ``--repeats`` times; each setting's best time over them is kept (on a shared machine a
 neighbour's burst only ever slows a run down), every run's numbers and load average are recorded.
 
-  python bench/bench_lora.py [update] [vllm] [--rows 16] [--tokens 512] [--iterations 2] [--repeats 2]
+  python bench/bench_lora.py [update] [vllm] [--rows 16] [--tokens 256] [--iterations 2] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__ and __doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", help="update, vllm (default: both)")
     parser.add_argument("--rows", type=int, default=16, help="update: rows of the batch (groups of 4)")
-    parser.add_argument("--tokens", type=int, default=512, help="update: tokens per row")
+    parser.add_argument("--tokens", type=int, default=256, help="update: tokens per row")
     parser.add_argument("--iterations", type=int, default=2, help="timed iterations, after a warm-up one")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each setting")
     parser.add_argument("--groups", type=int, default=4, help="vllm: FrozenLake groups of 4 episodes")
