@@ -336,6 +336,7 @@ def main() -> None:
     parts = args.parts or ["update", "vllm"]
     if set(parts) - {"update", "vllm"}:
         parser.error(f"parts={parts}: choose among update, vllm")
+    started = provenance()  # the commit and the machine as the run starts
     record: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if "update" in parts:
         rows = _best("update", ("full", "lora"), args, "seconds_per_step")
@@ -348,7 +349,7 @@ def main() -> None:
                 f"{r['mode']:<6} {r['trained_parameters']:>15,} {_gib(r['gradient_bytes']):>10} "
                 f"{_gib(r['optimizer_state_bytes']):>10} {_gib(r['update_peak_bytes']):>9} {r['seconds_per_step']:>8.2f}"
             )
-        record["update"] = {"provenance": provenance(), "full": rows[0], "lora": rows[1]}
+        record["update"] = {"provenance": started, "full": rows[0], "lora": rows[1]}
     if "vllm" in parts:
         rows = _best("vllm", ("merged", "vllm-lora"), args, "sync_plus_rollout_seconds")
         print(
