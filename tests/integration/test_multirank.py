@@ -152,13 +152,23 @@ def test_uneven_ranks_train_and_resume_equals_going_on(strategy: str, tmp_path: 
             assert float(again[key]) == pytest.approx(float(rows[-1][key]), rel=1e-5, abs=1e-7), key
 
 
-def test_fsdp_samples_with_hf_from_a_full_copy_of_the_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("extra", "iterations"),
+    [([], 1), (["model/lora=default"], 2)],  # LoRA: the second iteration samples the adapters merged
+    ids=["full", "lora"],
+)
+def test_fsdp_samples_with_hf_from_a_full_copy_of_the_shards(
+    extra: list[str], iterations: int, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
-    _train(run, "fsdp", 1, "rollout.max_new_tokens=8", "filter=none", rollout="hf")  # an update every time
-    (row,) = _metrics(run)
-    # the sampler's log-probs (the gathered copy) are the sharded training model's own
-    assert float(row["rollout/logprob_gap_max"]) < 1e-4
-    assert float(row["train/optimizer_steps"]) >= 1
+    # filter=none: an update every time
+    _train(run, "fsdp", iterations, "rollout.max_new_tokens=8", "filter=none", *extra, rollout="hf")
+    rows = _metrics(run)
+    assert len(rows) == iterations
+    for row in rows:
+        # the sampler's log-probs (the gathered copy) are the sharded training model's own
+        assert float(row["rollout/logprob_gap_max"]) < 1e-4
+        assert float(row["train/optimizer_steps"]) >= 1
 
 
 @pytest.mark.timeout(1200)

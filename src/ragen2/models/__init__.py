@@ -1,4 +1,5 @@
-"""Loading HF causal LMs: any name or path, the built-in SmolLM2-135M-Instruct, and a tiny random model."""
+"""Loading HF causal LMs: any name or path, the built-in SmolLM2-135M-Instruct, a tiny random model, and LoRA
+adapters on any of them."""
 
 from ragen2.models.loading import (
     BUILTIN,
@@ -9,10 +10,12 @@ from ragen2.models.loading import (
     load_tokenizer,
     resolve_model_path,
 )
+from ragen2.models.lora import LoRAConfig
 
 __all__ = [
     "BUILTIN",
     "TINY",
+    "LoRAConfig",
     "ModelConfig",
     "cache_root",
     "load_model",

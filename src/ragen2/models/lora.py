@@ -46,7 +46,7 @@ class LoRAConfig:
 
     rank: int = 16
     """The adapters' rank r (A is r × in, B is out × r)."""
-    alpha: float = 32.0
+    alpha: int = 32
     """Scale: each adapter adds (alpha / rank) · B A x to its layer's output."""
     target_modules: tuple[str, ...] = PROJECTIONS
     """Decoder linear layers to adapt, by name or name suffix (PEFT's matching): q_proj, …, down_proj."""
