@@ -18,8 +18,12 @@ own log-probs (both must sample the adapted policy).
 Each setting runs in a process of its own (a fresh resident set; one vLLM engine per process), the two
 settings alternating ``--repeats`` times; each setting's best time over them is kept (on a shared machine a
 neighbour's burst only ever slows a run down), every run's numbers and load average are recorded.
+``--threads`` sets torch's threads in each process (the in-process vLLM engine computes on them too): on a
+loaded 2-core machine two threads wait on each other at every op (a [512, 576] × [576, 16] product took
+30 ms on 2 threads and 0.13 ms on 1 at a load of 6), so op counts would be timed instead of work, and LoRA
+adds small ops; 1 thread is the default.
 
-  python bench/bench_lora.py [update] [vllm] [--rows 16] [--tokens 256] [--iterations 2] [--repeats 2]
+  python bench/bench_lora.py [update] [vllm] [--rows 16] [--tokens 256] [--iterations 2] [--repeats 2] [--threads 1]
 """
 
 from __future__ import annotations
@@ -152,6 +156,7 @@ def update_child(lora: bool, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "mode": "lora" if lora else "full",
         "device": str(device),
+        "threads": torch.get_num_threads(),
         "rows": args.rows,
         "tokens_per_row": args.tokens,
         "parameters": total,
@@ -278,6 +283,7 @@ def vllm_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         gap = _gap(policy, episodes)
     return {
         "mode": mode,
+        "threads": torch.get_num_threads(),
         "engine_start_seconds": engine_s,
         "sync_seconds": min(syncs),
         "rollout_seconds": min(rollouts),
@@ -308,7 +314,8 @@ def _best(part: str, modes: tuple[str, str], args: argparse.Namespace, key: str)
 
 
 def _passed(args: argparse.Namespace) -> list[str]:
-    keys = ("rows", "tokens", "iterations", "groups", "kv_cache_gb", "device")  # not repeats: the parent's
+    # not repeats: the parent's
+    keys = ("rows", "tokens", "iterations", "groups", "kv_cache_gb", "device", "threads")
     return [x for k in keys for x in (f"--{k.replace('_', '-')}", str(getattr(args, k)))]
 
 
@@ -323,11 +330,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="update: tokens per row")
     parser.add_argument("--iterations", type=int, default=2, help="timed iterations, after a warm-up one")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each setting")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in each setting's process")
     parser.add_argument("--groups", type=int, default=4, help="vllm: FrozenLake groups of 4 episodes")
     parser.add_argument("--kv-cache-gb", type=float, default=2.0)
     parser.add_argument("--device", default="cpu", help="update: cpu or cuda")
     parser.add_argument("--child", nargs=3, metavar=("PART", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)  # before provenance() records the threads
     if args.child:
         part, mode, out = args.child
         result = update_child(mode == "lora", args) if part == "update" else vllm_child(mode, args)
