@@ -11,7 +11,8 @@ rank saves its own final parameters and metrics to ``<out.pt>.rank<r>``.
 
 ``poison``: rank 1's first micro-batch has a NaN loss whose gradient stays finite (``tests/poisoned.py``,
 ``kind=loss``), so only the ranks' shared finiteness flag can tell rank 0 to skip that step.
-``lora``: the policy trains LoRA adapters (``model/lora=default``) on its frozen base.
+``lora``: the policy trains LoRA adapters (``model/lora=default``) on its frozen base, with a KL term to the
+reference, the base with the adapters off (scored on every rank, sharded under FSDP).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def main(trainer_name: str, out: str, poison: bool = False, lora: bool = False) 
             "diagnostics.enabled=false",
             "trainer.limit_val_batches=0",
             *(POISON if poison else ()),
-            *(["model/lora=default"] if lora else []),
+            *(["model/lora=default", "algo.kl_coef=0.05"] if lora else []),
         ],
         run_dir=out + ".run",
     )

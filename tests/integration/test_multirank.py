@@ -4,7 +4,7 @@
   ranks and different numbers of micro-batches per rank (``multirank_update.py``): the all-reduced
   gradients equal the 1-rank gradients, the parameters agree after 4 optimizer steps at lr 1e-3, and
   the logged rollout/filter/train numbers are the 1-rank numbers; the whole model trained, or LoRA
-  adapters on a frozen base (whose weights then stay as loaded on every rank).
+  adapters on a frozen base (whose weights then stay as loaded on every rank) with a KL term to the base.
 - A NaN loss on one rank only skips that optimizer step on both ranks (``multirank_update.py poison``).
 - Real runs (scripted rollouts, the tiny model) keep different numbers of groups on the two ranks (the
   case that hangs without the padding passes), and a run resumed from last.ckpt equals the run that
@@ -69,6 +69,7 @@ def test_two_ranks_update_exactly_as_one(strategy: str, one_rank: dict, tmp_path
     assert moved > 3e-3 and apart < 0.01 * moved, (moved, apart)
     if one_rank["extra"] == ["lora"]:  # the gradients are the adapters'; the base stays as loaded
         assert one_rank["grads"] and all(".lora_" in n for n in one_rank["grads"])
+        assert one_rank["metrics"][-1]["train/kl"] > 0  # the second iteration's policy is off the base
         frozen = [n for n in params if ".lora_" not in n]
         assert frozen and all(torch.equal(two["params"][n], one_rank["initial"][n]) for n in frozen)
     for mine, theirs in zip(two["metrics"], one_rank["metrics"]):
