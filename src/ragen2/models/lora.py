@@ -24,6 +24,7 @@ model's structure (built on the meta device, no weights read).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -141,8 +142,6 @@ def skeleton(name_or_path: str) -> Any:
 
 def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
     """The model's LoRA layers by module name (none when PEFT was never imported: nothing injected any)."""
-    import sys
-
     if "peft" not in sys.modules:
         return {}
     from peft.tuners.lora import LoraLayer
@@ -151,6 +150,7 @@ def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def has_adapters(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds LoRA layers (``LoRAConfig.attach`` put them there)."""
     return bool(_lora_layers(model))
 
 
