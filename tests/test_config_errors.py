@@ -97,6 +97,32 @@ BAD = [
     (["val.k=8", "val.samples=2"], r"val\.k=8 exceeds val\.samples=2.*Fix: val\.samples=8"),
     (["val.num_seeds=0"], r"val\.num_seeds=0 .*Fix"),
     (["model.dtype=float64"], r"model\.dtype='float64' is not supported\. Fix: one of bfloat16"),
+    (
+        ["model/lora=default", "model.lora.rank=0"],
+        r"^model\.lora\.rank=0 is out of range: it must be ≥ 1\. Fix",
+    ),
+    (
+        ["model/lora=default", "model.lora.alpha=0"],
+        r"^model\.lora\.alpha=0 is out of range: it must be > 0\. Fix",
+    ),
+    (["model/lora=default", "model.lora.dropout=1.0"], r"^model\.lora\.dropout=1\.0 .*in \[0, 1\)\. Fix"),
+    (
+        ["model/lora=default", "model.lora.target_modules=[q_proj,qkv_proj]"],
+        r"^model\.lora\.target_modules=\[q_proj,qkv_proj\]: 'qkv_proj' matches no module of "
+        r"model\.name_or_path='tiny'\. Fix: .*model\.lora\.target_modules=\[down_proj,gate_proj,k_proj,",
+    ),
+    (
+        ["model/lora=default", "model.lora.target_modules=[lm_head]"],
+        r"'lm_head' matches lm_head, not one of the decoder's linear layers .*Fix",
+    ),
+    (
+        ["model/lora=default", "model.lora.rank=abc"],
+        r"^model\.lora\.rank='abc' is text, not an integer\. Fix",
+    ),
+    (
+        ["model.lora=8"],
+        r"^model\.lora=8 is an integer, not a mapping of settings\. Fix: a mapping with any of rank",
+    ),
     (["diagnostics.num_samples=1"], r"diagnostics\.num_samples=1: .*Fix"),
     (["diagnostics.every_n_iterations=-1"], r"diagnostics\.every_n_iterations=-1 .*Fix"),
     (["trainer.devices=2"], r"trainer\.devices=2, .*strategy=None.*Fix: trainer=ddp or trainer=fsdp"),

@@ -609,7 +609,8 @@ def _check_master_weights(cfg: DictConfig) -> None:
     weight is rounded away. At lr 1e-6 (the paper's) bf16 loses the step of every weight above 5e-4."""
     dtype, lr = str(cfg.model.get("dtype", "float32")), cfg.algo.optim.lr
     check_type("algo.optim.lr", lr, float, 1e-6)
-    if dtype not in _SIGNIFICANT_BITS:
+    # under LoRA the optimizer steps fp32 adapters (PEFT keeps them fp32 over a half-precision base)
+    if dtype not in _SIGNIFICANT_BITS or cfg.model.get("lora") is not None:
         return
     # half a unit in the last place of |w| ∈ [2^e, 2^(e+1)) is 2^(e-bits): above 2·lr·2^bits, lr rounds to 0
     lost_above = lr * 2 ** (_SIGNIFICANT_BITS[dtype] + 1)

@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from ragen2.config import ConfigError
+from ragen2.config import ConfigError, settings
+from ragen2.models.lora import LoRAConfig, skeleton
 
 BUILTIN = "builtin"
 TINY = "tiny"
@@ -282,13 +283,20 @@ class ModelConfig:
     """float32 | bfloat16 | float16: the weights' dtype."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, more compute)."""
+    lora: LoRAConfig | None = None
+    """LoRA adapters (``model/lora=default``): only they train, the base stays frozen; null = the whole model."""
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype)
         check_source(self.name_or_path)
+        if self.lora is not None:  # a node of its own: checked against the model's layers at start-up
+            object.__setattr__(self, "lora", settings(LoRAConfig, self.lora, "model.lora"))
+            self.lora.check_targets(skeleton(self.name_or_path), f"model.name_or_path={self.name_or_path!r}")
 
     def load(self):  # -> PreTrainedModel
         model = load_model(self.name_or_path, self.dtype)
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if self.lora is not None:
+            model = self.lora.attach(model, f"model.name_or_path={self.name_or_path!r}")
         return model
