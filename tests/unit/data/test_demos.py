@@ -153,7 +153,9 @@ def test_an_empty_demonstration_set_is_refused(tokenizer) -> None:
 def test_a_tokenizer_that_renders_other_ids_is_found(tokenizer) -> None:
     env = _env("frozenlake", size=3)
     episodes = demonstrate(_runner(env, tokenizer), DemoConfig(episodes=3), seed=0)
-    assert first_difference(episodes, _runner(env, copy.deepcopy(tokenizer)), DemoConfig(episodes=3), 0) is None
+    assert (
+        first_difference(episodes, _runner(env, copy.deepcopy(tokenizer)), DemoConfig(episodes=3), 0) is None
+    )
     # a template that ends each message with a blank line: the ids part right after the system message
     other = copy.deepcopy(tokenizer)
     other.chat_template = tokenizer.chat_template.replace("'<|im_end|>' + '\n'", "'<|im_end|>' + '\n\n'")

@@ -1,0 +1,229 @@
+"""The collapse study's pre-registered criteria (PROTOCOL.md) from its runs' metrics, written before any run.
+
+    python results/collapse_study/analyze.py outputs/collapse_study/runs [--out results/collapse_study]
+
+Reads each run's ``.hydra/overrides.yaml`` (filter, seed, algo) and ``csv/metrics.csv``; prints and writes
+``criteria.json`` and ``criteria.md``: (a) each run's outcome at its last MI pass against iteration 0,
+(b2) the per-sample entropy-gradient ratio across RV buckets, (b3) Spearman's ρ of the zero-RV share
+against the next pass's change in MI over the ``none`` runs, (c1) validation success top_p − none per
+seed and its 95 % t interval. (c2), MI at matched optimizer steps, is ``ragen2-aggregate --pair
+filter=top_p,none --steps …``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from scipy import stats
+
+MI, H = "diag/first_turn/mi_est_seq", "diag/first_turn/cond_entropy_seq"
+LOG2 = math.log(2.0)
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        x = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return x if x is not None and math.isfinite(x) else None
+
+
+def read_run(folder: Path) -> dict[str, object]:
+    """One run: its arm (filter, seed, algo) and its metrics by iteration (every row logged at that step)."""
+    overrides = (folder / ".hydra" / "overrides.yaml").read_text().splitlines()
+    arm = dict(line.removeprefix("- ").split("=", 1) for line in overrides if "=" in line)
+    by_iteration: dict[int, dict[str, float]] = {}
+    with (folder / "csv" / "metrics.csv").open() as f:
+        for row in csv.DictReader(f):
+            it = _float(row.get("step"))  # the iteration: validation's rows carry no train/iteration
+            if it is None:
+                continue
+            values = {k: x for k, v in row.items() if (x := _float(v)) is not None}
+            by_iteration.setdefault(int(it), {}).update(values)
+    return {
+        "folder": folder.name,
+        "filter": arm.get("filter", "top_p"),
+        "seed": int(arm.get("seed", 0)),
+        "algo": arm.get("algo", "grpo"),
+        "iterations": by_iteration,
+    }
+
+
+def t_interval(values: list[float]) -> dict[str, float | int | None]:
+    """Mean and two-sided 95 % Student t interval (None bounds for fewer than 2 values)."""
+    n = len(values)
+    mean = statistics.fmean(values) if values else math.nan
+    if n < 2:
+        return {"n": n, "mean": mean, "low": None, "high": None}
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
+
+
+def passes(run: dict[str, object]) -> list[tuple[int, float, float]]:
+    """(iteration, MI, H) at each MI pass."""
+    its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
+    return [(i, m[MI], m[H]) for i, m in sorted(its.items()) if MI in m and H in m]
+
+
+def outcome(run: dict[str, object]) -> str:
+    """(a): template collapse, full collapse or none, the last pass against iteration 0's."""
+    p = passes(run)
+    if len(p) < 2 or p[0][0] != 0:
+        return "too few passes"
+    (_, mi0, h0), (_, mit, ht) = p[0], p[-1]
+    if mit > 0.5 * mi0:
+        return "no collapse"
+    return "template collapse" if ht >= 0.5 * h0 else "full collapse"
+
+
+def entropy_ratios(run: dict[str, object]) -> list[float]:
+    """(b2): per gradient pass, log(largest / smallest) per-sample entropy-gradient norm over the buckets."""
+    out = []
+    for m in run["iterations"].values():  # type: ignore[union-attr]
+        norms = [
+            v for k, v in m.items() if k.startswith("grad/q") and k.endswith("/entropy_per_sample") and v > 0
+        ]
+        if len(norms) >= 2:
+            out.append(math.log(max(norms) / min(norms)))
+    return out
+
+
+def zero_share_vs_mi_change(run: dict[str, object]) -> list[tuple[float, float]]:
+    """(b3): (mean zero-RV share over iterations t … t′−1, MI_t′ − MI_t) for consecutive passes t, t′."""
+    its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
+    p = passes(run)
+    pairs = []
+    for (t, mi_t, _), (u, mi_u, _) in itertools.pairwise(p):
+        shares = [
+            (m.get("rollout/groups_all_success", 0.0) + m.get("rollout/groups_all_fail", 0.0))
+            / m["rollout/groups"]
+            for i in range(t, u)
+            if (m := its.get(i)) and m.get("rollout/groups")
+        ]
+        if shares:
+            pairs.append((statistics.fmean(shares), mi_u - mi_t))
+    return pairs
+
+
+def last(run: dict[str, object], key: str) -> float | None:
+    its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
+    values = [m[key] for _, m in sorted(its.items()) if key in m]
+    return values[-1] if values else None
+
+
+def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
+    grpo = [r for r in runs if r["algo"] == "grpo"]
+    none = [r for r in grpo if r["filter"] == "none"]
+    result: dict[str, object] = {
+        "runs": [
+            {
+                "folder": r["folder"],
+                "filter": r["filter"],
+                "seed": r["seed"],
+                "algo": r["algo"],
+                "iterations": len(r["iterations"]),  # type: ignore[arg-type]
+                "passes": passes(r),
+                "outcome": outcome(r),
+                "val/success": last(r, "val/success"),
+                "val/sampled_success": last(r, "val/sampled_success"),
+            }
+            for r in runs
+        ]
+    }
+    outcomes = [outcome(r) for r in none]
+    result["a"] = {
+        "none_outcomes": outcomes,
+        "verdict": "supported"
+        if outcomes.count("template collapse") >= 2
+        else "refuted for this setting"
+        if outcomes and all(o == "no collapse" for o in outcomes)
+        else "not separated from full collapse"
+        if outcomes.count("full collapse") >= 2
+        else "inconclusive",
+    }
+    ratios = [x for r in grpo for x in entropy_ratios(r)]
+    b2 = t_interval(ratios)
+    b2["verdict"] = (
+        "inconclusive"
+        if b2["high"] is None
+        else "supported"
+        if b2["high"] < LOG2  # type: ignore[operator]
+        else "refuted"
+        if b2["low"] > LOG2  # type: ignore[operator]
+        else "inconclusive"
+    )
+    result["b2"] = b2
+    points = [p for r in none for p in zero_share_vs_mi_change(r)]
+    if len(points) >= 3:
+        rho, p_two = stats.spearmanr([s for s, _ in points], [d for _, d in points])
+        p_less = p_two / 2 if rho < 0 else 1 - p_two / 2
+        verdict = "supported" if rho <= -0.3 and p_less < 0.05 else "refuted" if rho >= 0 else "inconclusive"
+        result["b3"] = {"n": len(points), "rho": float(rho), "p_one_sided": float(p_less), "verdict": verdict}
+    else:
+        result["b3"] = {"n": len(points), "verdict": "too few passes"}
+    for key in ("val/sampled_success", "val/success"):
+        arms = {(r["filter"], r["seed"]): last(r, key) for r in grpo}
+        seeds = sorted({s for f, s in arms if f == "top_p"} & {s for f, s in arms if f == "none"})
+        diffs = {
+            s: arms["top_p", s] - arms["none", s]
+            for s in seeds
+            if None not in (arms["top_p", s], arms["none", s])
+        }  # type: ignore[operator]
+        ci = t_interval(list(diffs.values()))
+        ci["per_seed"] = diffs
+        ci["verdict"] = (
+            "inconclusive"
+            if ci["low"] is None
+            else "filter helps"
+            if ci["low"] > 0  # type: ignore[operator]
+            else "filter hurts"
+            if ci["high"] < 0  # type: ignore[operator]
+            else "no difference shown"
+        )
+        result[f"c1 {key}"] = ci
+    return result
+
+
+def markdown(result: dict[str, object]) -> str:
+    lines = [
+        "# The collapse study's criteria (analyze.py)",
+        "",
+        "| run | filter | seed | algo | iterations | outcome | val success | val sampled |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:  # type: ignore[union-attr]
+        lines.append(
+            f"| {r['folder']} | {r['filter']} | {r['seed']} | {r['algo']} | {r['iterations']} | {r['outcome']} | "
+            f"{r['val/success']} | {r['val/sampled_success']} |"
+        )
+    lines.append("")
+    for key in ("a", "b2", "b3", "c1 val/sampled_success", "c1 val/success"):
+        lines.append(f"- **{key}**: `{json.dumps(result[key])}`")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, help="the study's runs folder (0/, 1/, …)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    args = parser.parse_args(argv)
+    runs = [
+        read_run(f)
+        for f in sorted(args.runs.iterdir(), key=lambda p: p.name)
+        if (f / "csv" / "metrics.csv").is_file()
+    ]
+    result = analyze(runs)
+    (args.out / "criteria.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "criteria.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,117 @@
+"""The collapse study's own script (results/collapse_study/run.sh) at tiny scale: the warm start, then one run
+of one iteration with the protocol's logging (the MI pass's schedule, gradient buckets, every episode, the
+end's validation); a second call finds the run done and starts nothing."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+STUDY = Path(__file__).parents[2] / "results" / "collapse_study"
+SCRIPT = STUDY / "run.sh"
+TINY = {
+    "MODEL": "tiny",
+    "FILTERS": "top_p",
+    "SEEDS": "0",
+    "ITERATIONS": "1",
+    "MI_EVERY": "1",
+    "DEMO_STEPS": "2",
+    "DEMO_EPISODES": "8",
+    "EXTRA": "rollout.groups=2 rollout.group_size=4 diagnostics.num_samples=8 val.num_seeds=2 max_turns_cap=1",
+}
+
+
+def _study(folder: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **TINY, "STUDY": str(folder), "PYTHON": sys.executable}
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow  # a warm start of 2 steps and one RL iteration on the tiny model
+def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_logging(
+    tmp_path: Path,
+) -> None:
+    done = _study(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "warmstart" / "model" / "warmstart.json").is_file()
+    run = tmp_path / "runs" / "0"
+    assert (run / "done").is_file()
+    with (run / "csv" / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    columns = set(rows[0])
+    assert {"grad/all/task", "grad/all/entropy", "val/sampled_success", "rollout/groups_mixed"} <= columns
+    assert (run / "rollouts.rank0.jsonl").stat().st_size > 0  # every episode
+    overrides = (run / ".hydra" / "overrides.yaml").read_text()
+    assert "algo.entropy_coef=0.01" in overrides and "filter=top_p" in overrides
+    again = _study(tmp_path)  # the run is done: nothing trains again
+    assert again.returncode == 0 and "every run is done" in again.stderr
+    assert not (tmp_path / "runs" / "1").exists()
+    out = tmp_path / "criteria"
+    out.mkdir()
+    analyzed = subprocess.run(
+        [sys.executable, str(STUDY / "analyze.py"), str(tmp_path / "runs"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert analyzed.returncode == 0, analyzed.stderr
+    (row,) = json.loads((out / "criteria.json").read_text())["runs"]
+    assert (row["filter"], row["seed"], row["iterations"]) == ("top_p", 0, 1)
+
+
+def _analysis():  # results/ is no package: the script's module, loaded from its file
+    spec = importlib.util.spec_from_file_location("analyze", STUDY / "analyze.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(filter_: str, seed: int, its: dict[int, dict[str, float]]) -> dict[str, object]:
+    return {"folder": f"{filter_}{seed}", "filter": filter_, "seed": seed, "algo": "grpo", "iterations": its}
+
+
+def test_the_criteria_by_hand() -> None:
+    analyze = _analysis()
+    mi, h = analyze.MI, analyze.H
+
+    def passes(
+        mi_h: list[tuple[float, float]], zero: list[int], success: float
+    ) -> dict[int, dict[str, float]]:
+        its: dict[int, dict[str, float]] = {}
+        for i, z in enumerate(zero):  # 4 groups an iteration, z of them all-fail
+            its[i] = {
+                "rollout/groups": 4.0,
+                "rollout/groups_all_fail": float(z),
+                "rollout/groups_all_success": 0.0,
+            }
+        for i, (m, e) in zip((0, 2, 4), mi_h, strict=True):
+            its[i].update({mi: m, h: e, "grad/q1/entropy_per_sample": 1.0, "grad/q2/entropy_per_sample": 1.5})
+        its[4]["val/sampled_success"] = success
+        return its
+
+    # MI 2.0 -> 0.8 (≤ half) with H 1.0 -> 0.9: template collapse; H falling to 0.4: full collapse
+    template = passes([(2.0, 1.0), (1.5, 1.0), (0.8, 0.9)], [0, 1, 3, 4, 0], 0.25)
+    full = passes([(2.0, 1.0), (1.9, 0.8), (0.9, 0.4)], [0, 0, 4, 2, 0], 0.5)
+    kept = passes([(2.0, 1.0), (1.8, 1.0), (1.9, 1.0)], [2, 1, 0, 0, 0], 0.5)
+    runs = [_run("none", 0, template), _run("none", 1, full), _run("none", 2, template)]
+    runs += [_run("top_p", 0, kept), _run("top_p", 1, kept), _run("top_p", 2, kept)]
+    result = analyze.analyze(runs)
+    assert result["a"]["none_outcomes"] == ["template collapse", "full collapse", "template collapse"]
+    assert result["a"]["verdict"] == "supported"
+    # every pass: log(1.5 / 1.0) = 0.405 < log 2, no spread: the interval is the point
+    assert result["b2"]["n"] == 18 and math.isclose(result["b2"]["mean"], math.log(1.5))
+    assert result["b2"]["verdict"] == "supported"
+    # none runs' (share, ΔMI): template (0.125, -0.5), (0.875, -0.7) twice; full (0, -0.1), (0.75, -1.0).
+    # Mid-ranks x: 2.5, 5.5, 1, 4, 2.5, 5.5; y: 4.5, 2.5, 6, 1, 4.5, 2.5: ρ = -13.5 / 16.5
+    assert result["b3"]["n"] == 6 and math.isclose(result["b3"]["rho"], -13.5 / 16.5)
+    # top_p - none: 0.25, 0.0, 0.25 -> mean 1/6, t(2) = 4.303, sd 0.1443 -> ±0.3586
+    c1 = result["c1 val/sampled_success"]
+    assert math.isclose(c1["mean"], 1 / 6) and math.isclose(c1["high"] - c1["mean"], 0.35856, rel_tol=1e-4)
+    assert c1["verdict"] == "no difference shown"
