@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ragen2.config import ConfigError, shown
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.checkpoint import POLICY_PREFIX, read_checkpoint
 from ragen2.models.loading import resolve_model_path
 from ragen2.modules.run_state import KEY
+from ragen2.settings import shown
 
 CRITIC_PREFIX = "critic."
 #: the optimizer group settings a resumed optimizer keeps: config key under a group's node -> group key

@@ -37,8 +37,8 @@ from ragen2.algos.filters import (
     group_scores,
     select_groups,
 )
-from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch, by_group, ungroup
+from ragen2.errors import ConfigError
 
 
 def _entropies(batch: RolloutBatch) -> torch.Tensor:

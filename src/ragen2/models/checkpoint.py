@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.loading import load_model
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 BUILTIN = "builtin"
 TINY = "tiny"

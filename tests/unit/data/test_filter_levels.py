@@ -12,10 +12,10 @@ import pytest
 import torch
 from helpers import episode, turn
 
-from ragen2.config import ConfigError
 from ragen2.data import GroupFilter, RolloutDataModule, collate_episodes
 from ragen2.data.batch import RolloutBatch, by_group, ungroup
 from ragen2.distributed import Ranks
+from ragen2.errors import ConfigError
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
 
 ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}

@@ -6,9 +6,9 @@ import pytest
 import torch
 from helpers import episode, turn
 
-from ragen2.config import ConfigError
 from ragen2.data.batch import collate_episodes
 from ragen2.data.group_filter import GroupFilter
+from ragen2.errors import ConfigError
 
 
 def _batch(returns: list[list[float]], lengths: list[list[int]], entropies: list[list[float]]):
