@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
-PROGRAMS = ["ragen2-train", "ragen2-eval", "ragen2-diagnose", "ragen2-export", "ragen2-aggregate"]
+PROGRAMS = [
+    "ragen2-train",
+    "ragen2-eval",
+    "ragen2-diagnose",
+    "ragen2-export",
+    "ragen2-aggregate",
+    "ragen2-warmstart",
+]
 
 
 def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -120,3 +127,32 @@ def test_a_failed_job_of_a_grid_leaves_the_others_running(tmp_path: Path) -> Non
     # then Hydra raises the first failure, its message alone
     assert first in done.stderr.splitlines()
     assert "Traceback" not in out
+
+
+def test_warmstart_help_says_what_it_does_with_examples(tmp_path: Path) -> None:
+    done = _run([sys.executable, "-m", "ragen2.warmstart", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith("ragen2-warmstart: supervised fine-tuning on the env solver's demonstrations")
+    assert (
+        "Envs with a solver that explains its moves: bandit, countdown, frozenlake, sokoban, sokoban_8x8."
+        in text
+    )
+    assert "  ragen2-warmstart env=frozenlake env.kwargs.size=3 env.kwargs.observation=coord" in text
+    assert "ragen2-train model.name_or_path=outputs/<date>/<time>/model" in text
+    assert len(text.splitlines()) < 40
+
+
+def test_a_warm_start_config_error_is_one_line(tmp_path: Path) -> None:
+    done = _run(
+        [sys.executable, "-m", "ragen2.warmstart", "env=metamathqa", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        "ragen2-warmstart: env.id=ragen2/MetaMathQA-v0 has no solver that explains its moves"
+    )
+    assert line.endswith(
+        "Fix: one of env=bandit, env=countdown, env=frozenlake, env=sokoban, env=sokoban_8x8"
+    )

@@ -97,6 +97,32 @@ BAD = [
     (["val.k=8", "val.samples=2"], r"val\.k=8 exceeds val\.samples=2.*Fix: val\.samples=8"),
     (["val.num_seeds=0"], r"val\.num_seeds=0 .*Fix"),
     (["model.dtype=float64"], r"model\.dtype='float64' is not supported\. Fix: one of bfloat16"),
+    (
+        ["model/lora=default", "model.lora.rank=0"],
+        r"^model\.lora\.rank=0 is out of range: it must be ≥ 1\. Fix",
+    ),
+    (
+        ["model/lora=default", "model.lora.alpha=0"],
+        r"^model\.lora\.alpha=0 is out of range: it must be > 0\. Fix",
+    ),
+    (["model/lora=default", "model.lora.dropout=1.0"], r"^model\.lora\.dropout=1\.0 .*in \[0, 1\)\. Fix"),
+    (
+        ["model/lora=default", "model.lora.target_modules=[q_proj,qkv_proj]"],
+        r"^model\.lora\.target_modules=\[q_proj,qkv_proj\]: 'qkv_proj' matches no module of "
+        r"model\.name_or_path='tiny'\. Fix: .*model\.lora\.target_modules=\[down_proj,gate_proj,k_proj,",
+    ),
+    (
+        ["model/lora=default", "model.lora.target_modules=[lm_head]"],
+        r"'lm_head' matches lm_head, not one of the decoder's linear layers .*Fix",
+    ),
+    (
+        ["model/lora=default", "model.lora.rank=abc"],
+        r"^model\.lora\.rank='abc' is text, not an integer\. Fix",
+    ),
+    (
+        ["model.lora=8"],
+        r"^model\.lora=8 is an integer, not a mapping of settings\. Fix: a mapping with any of rank",
+    ),
     (["diagnostics.num_samples=1"], r"diagnostics\.num_samples=1: .*Fix"),
     (["diagnostics.every_n_iterations=-1"], r"diagnostics\.every_n_iterations=-1 .*Fix"),
     (["trainer.devices=2"], r"trainer\.devices=2, .*strategy=None.*Fix: trainer=ddp or trainer=fsdp"),
@@ -301,6 +327,47 @@ def test_bad_value_fails_at_start_up(
     with pytest.raises(ValueError, match=message):
         run(compose(["model=tiny", *overrides], run_dir=str(tmp_path)))
     assert not (tmp_path / "checkpoints").exists()
+
+
+# ragen2-warmstart: the same front door, and its own refusals (the demonstrations are built, no model loads)
+WARMSTART_BAD = [
+    (["sft.lr=0"], r"^sft\.lr=0 is out of range\. Fix: sft\.lr=1e-4$"),
+    (["sft.steps=0"], r"^sft\.steps=0 is out of range\. Fix: sft\.steps=48$"),
+    (["sft.batch_size=2.5"], r"^sft\.batch_size=2\.5 is a float, not an integer\. Fix: sft\.batch_size=2 or"),
+    (
+        ["demos.episodes=0"],
+        r"^demos\.episodes=0 leaves the demonstration set empty\. Fix: demos\.episodes=384$",
+    ),
+    (
+        ["env=metamathqa"],
+        r"^env\.id=ragen2/MetaMathQA-v0 has no solver that explains its moves .*Fix: one of env=bandit, "
+        r"env=countdown, env=frozenlake, env=sokoban, env=sokoban_8x8$",
+    ),
+    (
+        ["demos.reply='{reasoning}<answer>{oracle}</answer>'"],
+        r"^demos\.reply='\{reasoning\}<answer>\{oracle\}</answer>': the agent reads the reply .* as \[\] "
+        r"\(format ok: False\), not as the solver's \[.*\]\. Fix: ",
+    ),
+    (
+        ["rollout.max_new_tokens=16"],
+        r"^rollout\.max_new_tokens=16 cuts the demonstrated reply of \d+ tokens \(seed \d+, turn 1\).*Fix: "
+        r"rollout\.max_new_tokens=\d+",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), WARMSTART_BAD, ids=[" ".join(o) for o, _ in WARMSTART_BAD])
+def test_a_bad_warm_start_fails_before_the_model_loads(
+    overrides: list[str], message: str, no_model_loads: None, tmp_path: Path
+) -> None:
+    from ragen2.warmstart import run as warmstart
+
+    cfg = compose(
+        ["model=tiny", "demos.episodes=4", *overrides], config_name="warmstart", run_dir=str(tmp_path)
+    )
+    with pytest.raises(ValueError, match=message):
+        warmstart(cfg)
+    assert not (tmp_path / "model").exists()
 
 
 @pytest.mark.parametrize(("override", "missing", "an_option"), TYPOS, ids=[t[0] for t in TYPOS])

@@ -17,6 +17,7 @@ while stochastic dynamics stay independent across its rollouts:
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from typing import Any, ClassVar, Self
 
 import gymnasium as gym
@@ -83,6 +84,15 @@ class TextEnv(gym.Env[str, str]):
 
     def oracle_action(self) -> str | None:
         """A known-good next action for the current state (a solver's move, the answer), if any."""
+        return None
+
+    def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
+        """Why the solver's next ``actions`` (``oracle_action`` and the ones after it) fit the current state,
+        in words that read the observation (where the player and the goal are, the numbers and the target).
+
+        The warm start's demonstrations reason this way (``ragen2-warmstart``); None where the env has no
+        such reasoning, which the warm start refuses.
+        """
         return None
 
     # ---- gymnasium API -------------------------------------------------------------------

@@ -3,7 +3,7 @@
 ``hydra_program(prog, config_name, task)`` is a whole Hydra program (``ragen2-train``, ``ragen2-eval``,
 ``ragen2-diagnose``): ``<prog> --version`` answers with ragen2's version, a moved key on the command line is
 refused before Hydra composes (``command_line``), ``task`` runs on the config composed from
-``<config_name>.yaml`` of ragen2's config tree (``ragen2.config.CONF_DIR``, and any folder on
+``<config_name>.yaml`` of ragen2's config tree (``ragen2.CONF_DIR``, and any folder on
 ``hydra.searchpath``), ``<prog> --help`` prints that file's ``hydra.help`` text, and a ``ConfigError`` ends a
 single run with one line, ``<prog>: <key>=<value> … Fix: …``, not a traceback (``one_line_errors``;
 ``HYDRA_FULL_ERROR=1`` gives the traceback). Under ``--multirun`` a failed job does not stop the others of
@@ -24,7 +24,8 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ragen2.config import CONF_DIR, user_conf
+from ragen2 import CONF_DIR
+from ragen2.config import user_conf
 from ragen2.errors import ConfigError, exit_one_line
 from ragen2.log import log
 from ragen2.settings import check_overrides

@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from ragen2 import CONF_DIR
 from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.run_folder import check_writable, run_folders
@@ -46,9 +47,6 @@ OmegaConf.register_new_resolver("ragen2.is_set", lambda node: node is not None, 
 # ${ragen2.val_batches:${val.every_n_iterations}}: Lightning's limit_val_batches, 0 (its "no validation", which
 # it checks before the epoch interval) when val.every_n_iterations=0
 OmegaConf.register_new_resolver("ragen2.val_batches", lambda every: 1.0 if every else 0, replace=True)
-
-#: ragen2's config tree, inside the package (an install without -e has it too)
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def user_conf() -> list[str]:
@@ -108,7 +106,7 @@ def validate(cfg: DictConfig) -> None:
         if isinstance(node, DictConfig) and leaf in node:
             raise ConfigError(f"{moved_to(old)} (a config file sets {old})")
     _check_nodes(cfg)
-    _check_top_level(cfg)
+    check_top_level(cfg)
     _check_run_keys(cfg)
     _check_temperature(cfg)
     _check_ranks(cfg)
@@ -152,14 +150,15 @@ def top_level_keys(config_name: str = "train") -> tuple[str, ...]:
     return tuple(k for k in [*primary, *placed] if k not in ("defaults", "hydra"))
 
 
-def _check_top_level(cfg: DictConfig) -> None:
-    """A key added at the top (``+lr=1e-5``, ``+seeed=1``) is read by nothing: refused, with the key meant."""
-    known = top_level_keys()
+def check_top_level(cfg: DictConfig, config_name: str = "train") -> None:
+    """A key added at the top (``+lr=1e-5``, ``+seeed=1``) is read by nothing: refused, with the key meant
+    (``config_name``: the program's config, ``ragen2-<config_name>``)."""
+    known = top_level_keys(config_name)
     for key in cfg:
         if key not in known:
             raw = cfg._get_node(key)
             value = raw._value() if raw is not None else None
-            raise unknown_key(str(key), value, known, "a key of ragen2-train's config")
+            raise unknown_key(str(key), value, known, f"a key of ragen2-{config_name}'s config")
 
 
 #: the largest seed numpy (and so Lightning's seed_everything) takes: 2**32 - 1
@@ -169,16 +168,21 @@ MAX_SEED = 2**32 - 1
 def _check_run_keys(cfg: DictConfig) -> None:
     """The top-level keys, named as the user sets them (Lightning would name ``max_epochs``, the env
     ``env.max_turns``)."""
+    check_type("iterations", cfg.iterations, int, 2)
+    if cfg.iterations < 1:
+        raise ConfigError(
+            f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch). Fix: iterations=2"
+        )
+    check_seed_and_cap(cfg)
+
+
+def check_seed_and_cap(cfg: DictConfig) -> None:
+    """``seed`` and ``max_turns_cap``, the top-level keys every program that rolls out shares."""
     check_type("seed", cfg.seed, int, 0)
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(
             f"seed={cfg.seed} is outside 0 … {MAX_SEED}, the seeds numpy takes (Lightning seeds it with the "
             "run's seed). Fix: seed=0"
-        )
-    check_type("iterations", cfg.iterations, int, 2)
-    if cfg.iterations < 1:
-        raise ConfigError(
-            f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch). Fix: iterations=2"
         )
     cap = cfg.get("max_turns_cap")
     check_type("max_turns_cap", cap, int | None, 3)
@@ -244,7 +248,8 @@ def _check_master_weights(cfg: DictConfig) -> None:
     weight is rounded away. At lr 1e-6 (the paper's) bf16 loses the step of every weight above 5e-4."""
     dtype, lr = str(cfg.model.get("dtype", "float32")), cfg.algo.optim.lr
     check_type("algo.optim.lr", lr, float, 1e-6)
-    if dtype not in _SIGNIFICANT_BITS:
+    # under LoRA the optimizer steps fp32 adapters (PEFT keeps them fp32 over a half-precision base)
+    if dtype not in _SIGNIFICANT_BITS or cfg.model.get("lora") is not None:
         return
     # half a unit in the last place of |w| ∈ [2^e, 2^(e+1)) is 2^(e-bits): above 2·lr·2^bits, lr rounds to 0
     lost_above = lr * 2 ** (_SIGNIFICANT_BITS[dtype] + 1)

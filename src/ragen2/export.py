@@ -4,6 +4,11 @@
 
 (the base model is the one the run trained, saved in the checkpoint; ``--model`` names it for older ones)
 
+A LoRA run's adapters (``model.lora``) are merged into the base model's weights: the folder is a plain HF
+model, what ``ragen2-eval`` and vLLM load. ``--adapter`` writes PEFT's adapter folder instead
+(``adapter_config.json``, ``adapter_model.safetensors``, the tokenizer), for loaders that take the base model
+and the adapters apart (``PeftModel.from_pretrained``, vLLM's ``LoRARequest``).
+
 The folder is written beside the destination (``.<name>.<random>.tmp``) and renamed into place once whole,
 so a failed or killed export leaves no half-written folder. A destination that holds files is refused unless
 ``--overwrite`` (which replaces the folder as a whole), and a destination that is a file always is.
@@ -76,15 +81,22 @@ def export(
     name_or_path: str | None = None,
     dtype: str | None = None,
     overwrite: bool = False,
+    adapter: bool = False,
 ) -> Path:
-    """Write the checkpoint's policy and its tokenizer to the folder ``out``; returns it."""
-    from ragen2.models.checkpoint import CheckpointError, load_policy, read_checkpoint
+    """Write the checkpoint's policy (``adapter``: a LoRA run's adapters alone) and its tokenizer to the folder
+    ``out``; returns it."""
+    from ragen2.models.checkpoint import CheckpointError, load_policy, read_checkpoint, saved_lora
     from ragen2.models.loading import check_source, load_tokenizer
 
     folder = check_destination(out, overwrite)
     if name_or_path is not None:
         check_source(name_or_path)
     state = read_checkpoint(checkpoint)
+    if adapter and saved_lora(state) is None:
+        raise CheckpointError(
+            f"--adapter: checkpoint={checkpoint} holds no LoRA adapters (its run trained the whole model, "
+            "model.lora=null). Fix: drop --adapter to export the model"
+        )
     saved = (state.get("ragen2") or {}).get("model") or {}
     name_or_path = name_or_path or saved.get("name_or_path")
     if name_or_path is None:
@@ -93,7 +105,9 @@ def export(
             "run's model.name_or_path>"
         )
     try:
-        model = load_policy(name_or_path, checkpoint, dtype or saved.get("dtype", "float32"), state)
+        model = load_policy(
+            name_or_path, checkpoint, dtype or saved.get("dtype", "float32"), state, merge=not adapter
+        )
     except OSError as err:  # transformers' word for a folder or hub name without loadable weights
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
@@ -126,13 +140,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     parser.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA run: write its adapters as a PEFT adapter folder instead of the merged model",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a destination folder that already holds files (its files are removed)",
     )
     args = parser.parse_args(argv)
     try:
-        folder = export(args.checkpoint, args.out, args.model, args.dtype, args.overwrite)
+        folder = export(args.checkpoint, args.out, args.model, args.dtype, args.overwrite, args.adapter)
     except ConfigError as err:  # the files are the user's to fix: one line, no traceback
         parser.exit(1, f"{parser.prog}: {err}\n")
     log.info("exported HF model folder: %s", folder)

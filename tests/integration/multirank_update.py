@@ -1,6 +1,6 @@
 """One fixed set of episodes trained on 1 or 2 ranks; launched as a script by test_multirank.py.
 
-    python tests/integration/multirank_update.py <trainer: cpu | ddp | fsdp> <out.pt> [poison]
+    python tests/integration/multirank_update.py <trainer: cpu | ddp | fsdp> <out.pt> [poison] [lora]
 
 The iteration's 8 groups × 4 episodes are a pure function of their instance seeds, so every world size
 trains on the same episodes. Groups 0, 1, 2 and 4 vary in reward and the filter keeps exactly those: 3
@@ -11,6 +11,8 @@ rank saves its own final parameters and metrics to ``<out.pt>.rank<r>``.
 
 ``poison``: rank 1's first micro-batch has a NaN loss whose gradient stays finite (``tests/poisoned.py``,
 ``kind=loss``), so only the ranks' shared finiteness flag can tell rank 0 to skip that step.
+``lora``: the policy trains LoRA adapters (``model/lora=default``) on its frozen base, with a KL term to the
+reference, the base with the adapters off (scored on every rank, sharded under FSDP).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ POISON = (
 )
 
 
-def main(trainer_name: str, out: str, poison: bool = False) -> None:
+def main(trainer_name: str, out: str, poison: bool = False, lora: bool = False) -> None:
     cfg = compose(
         [
             f"trainer={trainer_name}",
@@ -126,6 +128,7 @@ def main(trainer_name: str, out: str, poison: bool = False) -> None:
             "diagnostics.enabled=false",
             "trainer.limit_val_batches=0",
             *(POISON if poison else ()),
+            *(["model/lora=default", "algo.kl_coef=0.05"] if lora else []),
         ],
         run_dir=out + ".run",
     )
@@ -139,4 +142,4 @@ def main(trainer_name: str, out: str, poison: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], poison=sys.argv[3:] == ["poison"])
+    main(sys.argv[1], sys.argv[2], poison="poison" in sys.argv[3:], lora="lora" in sys.argv[3:])

@@ -3,7 +3,8 @@
 - 2 ranks update exactly as 1 rank on the same episodes, with the kept groups split 3:1 across the
   ranks and different numbers of micro-batches per rank (``multirank_update.py``): the all-reduced
   gradients equal the 1-rank gradients, the parameters agree after 4 optimizer steps at lr 1e-3, and
-  the logged rollout/filter/train numbers are the 1-rank numbers.
+  the logged rollout/filter/train numbers are the 1-rank numbers; the whole model trained, or LoRA
+  adapters on a frozen base (whose weights then stay as loaded on every rank) with a KL term to the base.
 - A NaN loss on one rank only skips that optimizer step on both ranks (``multirank_update.py poison``).
 - Real runs (scripted rollouts, the tiny model) keep different numbers of groups on the two ranks (the
   case that hangs without the padding passes), and a run resumed from last.ckpt equals the run that
@@ -39,18 +40,20 @@ def _launch(args: list[str], cwd: Path, timeout: int = 600) -> None:
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
 
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict:
+@pytest.fixture(scope="module", params=[[], ["lora"]], ids=["full", "lora"])
+def one_rank(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("one") / "out.pt"
-    _launch([sys.executable, str(HERE / "multirank_update.py"), "cpu", str(out)], out.parent)
-    return torch.load(out, weights_only=False)
+    _launch([sys.executable, str(HERE / "multirank_update.py"), "cpu", str(out), *request.param], out.parent)
+    return {**torch.load(out, weights_only=False), "extra": request.param}
 
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_update_exactly_as_one(strategy: str, one_rank: dict, tmp_path: Path) -> None:
     out = tmp_path / "out.pt"
-    _launch([sys.executable, str(HERE / "multirank_update.py"), strategy, str(out)], tmp_path)
+    _launch(
+        [sys.executable, str(HERE / "multirank_update.py"), strategy, str(out), *one_rank["extra"]], tmp_path
+    )
     two = torch.load(out, weights_only=False)
     # the setting really is uneven: 3 kept groups on one rank, 1 on the other
     assert [m["filter/kept_groups_rank_min"] for m in two["metrics"]] == [1.0, 1.0]
@@ -64,6 +67,11 @@ def test_two_ranks_update_exactly_as_one(strategy: str, one_rank: dict, tmp_path
     moved = max(float((params[n] - one_rank["initial"][n]).abs().max()) for n in params)
     apart = max(float((params[n] - two["params"][n]).abs().max()) for n in params)
     assert moved > 3e-3 and apart < 0.01 * moved, (moved, apart)
+    if one_rank["extra"] == ["lora"]:  # the gradients are the adapters'; the base stays as loaded
+        assert one_rank["grads"] and all(".lora_" in n for n in one_rank["grads"])
+        assert one_rank["metrics"][-1]["train/kl"] > 0  # the second iteration's policy is off the base
+        frozen = [n for n in params if ".lora_" not in n]
+        assert frozen and all(torch.equal(two["params"][n], one_rank["initial"][n]) for n in frozen)
     for mine, theirs in zip(two["metrics"], one_rank["metrics"]):
         for key, value in theirs.items():
             if key.startswith(("rollout/", "filter/", "train/")) and "rank" not in key:
@@ -145,13 +153,23 @@ def test_uneven_ranks_train_and_resume_equals_going_on(strategy: str, tmp_path: 
             assert float(again[key]) == pytest.approx(float(rows[-1][key]), rel=1e-5, abs=1e-7), key
 
 
-def test_fsdp_samples_with_hf_from_a_full_copy_of_the_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("extra", "iterations"),
+    [([], 1), (["model/lora=default"], 2)],  # LoRA: the second iteration samples the adapters merged
+    ids=["full", "lora"],
+)
+def test_fsdp_samples_with_hf_from_a_full_copy_of_the_shards(
+    extra: list[str], iterations: int, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
-    _train(run, "fsdp", 1, "rollout.max_new_tokens=8", "filter=none", rollout="hf")  # an update every time
-    (row,) = _metrics(run)
-    # the sampler's log-probs (the gathered copy) are the sharded training model's own
-    assert float(row["rollout/logprob_gap_max"]) < 1e-4
-    assert float(row["train/optimizer_steps"]) >= 1
+    # filter=none: an update every time
+    _train(run, "fsdp", iterations, "rollout.max_new_tokens=8", "filter=none", *extra, rollout="hf")
+    rows = _metrics(run)
+    assert len(rows) == iterations
+    for row in rows:
+        # the sampler's log-probs (the gathered copy) are the sharded training model's own
+        assert float(row["rollout/logprob_gap_max"]) < 1e-4
+        assert float(row["train/optimizer_steps"]) >= 1
 
 
 @pytest.mark.timeout(1200)

@@ -37,14 +37,15 @@ def _moved(run_dir: Path) -> bool:
 
 
 def test_a_qwen3_template_stops_the_run_before_the_model_loads(tmp_path: Path) -> None:
-    """A model folder with Qwen's tokenizer, Qwen3's published template and no weights: the run stops at
-    the runner's template check, which comes before anything tries to load the (missing) weights."""
+    """A model folder with Qwen's tokenizer, Qwen3's published template and weights that cannot load: the
+    run stops at the runner's template check, which comes before anything tries to load the weights."""
     folder = tmp_path / "Qwen3-like"
     built = Path(resolve_model_path("tiny-qwen2"))
     shutil.copytree(built, folder, ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = QWEN3_TEMPLATE.read_text().removesuffix("\n")
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"not safetensors")  # loading them would fail otherwise
     cfg = compose([*QWEN, f"model.name_or_path={folder}", "rollout=scripted"], run_dir=str(tmp_path / "run"))
     with pytest.raises(
         ConfigError, match=rf"^model.name_or_path='{folder}': its chat template does not keep"

@@ -77,3 +77,63 @@ def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
     assert (run_dir / "rollouts" / "iteration_00000.md").is_file()
     lines = (run_dir / "rollouts.rank0.jsonl").read_text().splitlines()
     assert len(lines) == 2 * 4
+
+
+def _sampled_logp(model: torch.nn.Module, prompt: list[int], sampled: list[int]) -> torch.Tensor:
+    """[len(sampled)] log-probs of a turn's sampled ids under ``model``."""
+    ids = torch.tensor([prompt + sampled])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(sampled)[:, None]).squeeze(-1)
+
+
+@pytest.mark.timeout(1500)
+def test_a_lora_policy_reaches_the_engine_as_merged_weights(tmp_path: Path) -> None:
+    import json
+
+    from ragen2.config import compose
+    from ragen2.models.checkpoint import load_policy
+    from ragen2.models.loading import load_model
+    from ragen2.train import run
+
+    cfg = compose(
+        [
+            "model=tiny",
+            "model/lora=default",
+            "rollout=vllm",
+            "rollout.groups=2",
+            "rollout.max_new_tokens=8",
+            "rollout.save_jsonl=true",
+            "rollout.sampler.kv_cache_gb=0.25",
+            "filter=none",  # an update every iteration
+            "algo.optim.lr=1e-2",
+            "diagnostics.enabled=false",
+            "trainer.limit_val_batches=0",
+            "callbacks.curves=null",
+            "iterations=2",
+        ],
+        run_dir=str(tmp_path / "run"),
+    )
+    run(cfg)
+    run_dir = Path(cfg.run_dir)
+    with (run_dir / "csv" / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/iteration")]
+    assert len(rows) == 2 and all(float(r["train/optimizer_steps"]) >= 1 for r in rows)
+    # both iterations sampled what the adapted policy computes: the first from the base (B = 0), the second
+    # from the weights merged after the first update
+    gaps = [float(r["rollout/logprob_gap_max"]) for r in rows]
+    assert max(gaps) < 1e-4, gaps
+    # an engine left with the base would have been far off: the second iteration's tokens under the policy
+    # that sampled them (the save before last) against the base model
+    sampled_by = load_policy("tiny", str(run_dir / "checkpoints" / "last.1.ckpt"))
+    base = load_model("tiny")
+    turns = [
+        json.loads(line)["turns"][0]
+        for line in (run_dir / "rollouts.rank0.jsonl").open()
+        if json.loads(line)["iteration"] == 1
+    ]
+    apart = max(
+        float((_sampled_logp(sampled_by, *t) - _sampled_logp(base, *t)).abs().max())
+        for t in ((t["prompt_ids"], t["sampled_ids"]) for t in turns)
+    )
+    assert apart > 100 * max(gaps), (apart, gaps)

@@ -16,6 +16,7 @@ expected payout (the high-risk arm with the defaults, the reference's definition
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.bandit.names import ARM_NAME_PAIRS
@@ -99,3 +100,12 @@ class BanditEnv(TextEnv):
         if self.done:
             return None
         return self.low_name if self._is_better("low") else self.high_name
+
+    def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
+        """Both arms' names as shown, then which one pays more on average and why (it is the safer or the
+        riskier of the two)."""
+        if not actions:
+            return None
+        first, second = self.shown
+        kind = "riskier" if actions[0].lower() == self.high_name.lower() else "safer"
+        return f"The arms are {first} and {second}. {actions[0]} is the {kind} arm and pays more on average."

@@ -21,13 +21,14 @@ solvable with ``+`` and ``-`` alone, while we keep every row solvable with the f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.base import TextEnv
 from ragen2_envs.countdown.data import load_instances
 from ragen2_envs.countdown.expression import parse_expression
 from ragen2_envs.countdown.generator import CountdownInstance, generate_instance
-from ragen2_envs.countdown.solver import solve
+from ragen2_envs.countdown.solver import explain, solve
 from ragen2_envs.options import Range
 
 #: redraws of a data row before giving up on finding a solvable one
@@ -148,3 +149,7 @@ class CountdownEnv(TextEnv):
 
     def oracle_action(self) -> str | None:
         return None if self.done else self.solution
+
+    def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
+        """The target, the numbers and the solution (``solver.explain``); one action: the expression."""
+        return explain(self.instance.numbers, self.instance.target, actions[0]) if actions else None

@@ -64,3 +64,8 @@ def _combinations(a: tuple[Fraction, str], b: tuple[Fraction, str], ops: str) ->
         if x != 0:
             out.append((y / x, f"({sy} / {sx})"))
     return out
+
+
+def explain(numbers: Sequence[int], target: int, expression: str) -> str:
+    """The reasoning to a solution, read off the puzzle: the target, the numbers, the expression that hits it."""
+    return f"I need {target} from {', '.join(str(n) for n in numbers)}. {expression} = {target}."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
@@ -10,6 +11,7 @@ from ragen2_envs.base import TextEnv
 from ragen2_envs.frozenlake.generator import generate_random_map
 from ragen2_envs.frozenlake.solver import (
     ACTIONS,
+    explain,
     move,
     optimal_policy,
     reach_probabilities,
@@ -179,3 +181,7 @@ class FrozenLakeEnv(TextEnv):
             # solved once per map, on first use: rollouts that never ask for the oracle skip the cost
             self._policy, _ = optimal_policy(self.desc, self.success_rate)
         return ACTIONS[int(self._policy[self.pos])]
+
+    def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
+        """The player's cell, the goal's and the solver's next moves (``solver.explain``)."""
+        return explain(self.desc, self.pos, actions) if self.desc else None

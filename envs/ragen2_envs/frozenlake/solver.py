@@ -15,6 +15,7 @@ reaches the goal with probability V*, so the tie-break costs no success probabil
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -61,10 +62,28 @@ def transition_matrix(desc: tuple[str, ...], success_rate: float) -> np.ndarray:
     return trans
 
 
+def goal_cell(desc: tuple[str, ...]) -> tuple[int, int]:
+    """(row, col) of the goal tile."""
+    row = next(r for r, line in enumerate(desc) if "G" in line)
+    return (row, desc[row].index("G"))
+
+
+def explain(desc: tuple[str, ...], pos: tuple[int, int], actions: Sequence[str]) -> str:
+    """The reasoning to the solver's next ``actions``, read off the map: the player's cell, the goal's, the moves.
+
+    >>> explain(("S_", "_G"), (0, 0), ["Down", "Right"])
+    'I am at (0, 0). The goal is at (1, 1). The safe way starts with Down then Right.'
+    """
+    goal = goal_cell(desc)
+    return (
+        f"I am at ({pos[0]}, {pos[1]}). The goal is at ({goal[0]}, {goal[1]}). "
+        f"The safe way starts with {' then '.join(actions)}."
+    )
+
+
 def shortest_path(desc: tuple[str, ...], start: tuple[int, int]) -> list[str] | None:
     """Fewest deterministic moves from ``start`` to the goal avoiding holes ([] on the goal)."""
-    goal_row = next(r for r, row in enumerate(desc) if "G" in row)
-    goal = (goal_row, desc[goal_row].index("G"))
+    goal = goal_cell(desc)
     parent: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
     frontier = deque([start])
     while frontier:

@@ -9,7 +9,7 @@ from ragen2_envs.base import TextEnv
 from ragen2_envs.options import OneOf, Range
 from ragen2_envs.sokoban.board import ACTIONS, LEGEND, SokobanState
 from ragen2_envs.sokoban.generator import generate_puzzle
-from ragen2_envs.sokoban.solver import solve
+from ragen2_envs.sokoban.solver import explain, solve
 
 OBSERVATIONS = ("grid", "coord", "grid_coord")
 # reference (gym-sokoban) rewards
@@ -152,3 +152,7 @@ class SokobanEnv(TextEnv):
             return None
         plan = solve(self.state)
         return plan[0] if plan else None
+
+    def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
+        """The player's cell, the boxes' and the targets', and the solver's next moves (``solver.explain``)."""
+        return explain(self.state, actions) if self.state is not None else None

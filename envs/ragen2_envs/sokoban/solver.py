@@ -9,6 +9,7 @@ pruning never removes an optimal solution.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Sequence
 
 from ragen2_envs.sokoban.board import ACTIONS, Pos, SokobanState
 
@@ -87,3 +88,21 @@ def _path(
         actions.append(name)
         link = parent[node]
     return actions[::-1]
+
+
+def _cells(cells: Iterable[Pos]) -> str:
+    return ", ".join(f"({r}, {c})" for r, c in sorted(cells))
+
+
+def explain(state: SokobanState, actions: Sequence[str]) -> str:
+    """The reasoning to the solver's next ``actions``, read off the board: the player's cell, the boxes' and
+    the targets', then the moves."""
+    many = len(state.boxes) > 1
+    boxes = f"The boxes are at {_cells(state.boxes)}" if many else f"The box is at {_cells(state.boxes)}"
+    targets = (
+        f"the targets are at {_cells(state.targets)}" if many else f"the target is at {_cells(state.targets)}"
+    )
+    return (
+        f"I am at ({state.player[0]}, {state.player[1]}). {boxes}; {targets}. "
+        f"The shortest solution starts with {' then '.join(actions)}."
+    )

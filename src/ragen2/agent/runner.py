@@ -6,10 +6,10 @@ actions and calls ``env.step`` once per action. A bad format or any invalid acti
 ``format_penalty``; the episode goes on. Episodes end when the env terminates or truncates, at
 ``max_turns`` (truncated), or when the next turn would not fit ``max_context`` (truncated, never a crash).
 
-Env calls (``reset``, ``step``, the solver's ``oracle_action`` and its steps on a copy) run under
-``step_timeout_s`` (``ragen2.agent.timeout``). A call past it ends its episode like a context truncation:
-truncated, ``end_reason="env_timeout"``, the return as it stood (no penalty: the fault is the env's, not
-the policy's), the env discarded. The episode keeps its place in its group, so every group still holds
+Env calls (``reset``, ``step``, the solver's ``oracle_action``, its steps on a copy and its
+``oracle_reasoning``) run under ``step_timeout_s`` (``ragen2.agent.timeout``). A call past it ends its
+episode like a context truncation: truncated, ``end_reason="env_timeout"``, the return as it stood (no
+penalty: the fault is the env's, not the policy's), the env discarded. The episode keeps its place in its group, so every group still holds
 ``group_size`` rows for the filter and the advantages; one that timed out before its first turn was sampled
 holds one unsampled turn (its prompt, no tokens to train on, return 0). Each timeout is logged as a
 warning and counted in ``rollout/env_timeouts``.
@@ -178,7 +178,7 @@ class EpisodeRunner:
                         i: self._planned(episodes[i], envs[i][0], prompts[i], observations[i]) for i in active
                     }
                     active = [i for i in active if not episodes[i].end_reason]
-                    meta = [PromptMeta(oracle=plans[i]) for i in active]
+                    meta = [plans[i] for i in active]
                 if not active:
                     break
                 samples = sampler.generate(
@@ -238,22 +238,25 @@ class EpisodeRunner:
             )
             raise
 
-    def _planned(self, ep: Episode, env: Any, prompt: list[int], observation: str) -> str | None:
-        """The solver's plan for this turn, or None; a timeout ends the episode before the turn is sampled."""
+    def _planned(self, ep: Episode, env: Any, prompt: list[int], observation: str) -> PromptMeta:
+        """The solver's plan for this turn and its reasoning (None where it has none); a timeout ends the
+        episode before the turn is sampled."""
         try:
-            return self._oracle_plan(ep, env)
+            plan = self._oracle_plan(ep, env)
+            reasoning = self._call(ep, "oracle_reasoning()", env.oracle_reasoning, plan) if plan else None
         except EnvTimeout:
             if ep.turns:
                 ep.truncated, ep.end_reason = True, ENV_TIMEOUT
             else:
                 _end_unsampled(ep, prompt, observation)
-            return None
+            return PromptMeta()
+        return PromptMeta(oracle=ACTION_SEP.join(plan) if plan else None, reasoning=reasoning)
 
-    def _oracle_plan(self, ep: Episode, env: Any) -> str | None:
+    def _oracle_plan(self, ep: Episode, env: Any) -> list[str]:
         """The env solver's moves for one turn (up to max_actions_per_turn), played on a copy of the env."""
         first = self._call(ep, "oracle_action()", env.oracle_action)
         if first is None or self.cfg.max_actions_per_turn == 1:
-            return first
+            return [] if first is None else [first]
         sim, plan = copy.deepcopy(env), [first]
         _, _, terminated, truncated, _ = self._call(ep, f"step({first!r}) on a copy", sim.step, first)
         while len(plan) < self.cfg.max_actions_per_turn and not (terminated or truncated):
@@ -262,7 +265,7 @@ class EpisodeRunner:
                 break
             plan.append(action)
             _, _, terminated, truncated, _ = self._call(ep, f"step({action!r}) on a copy", sim.step, action)
-        return ACTION_SEP.join(plan)
+        return plan
 
     def _user(self, env: Any, turn: int, obs: str, actions_left: int) -> str:
         return user_message(

@@ -1,8 +1,11 @@
 """Rollout data: the batch type, the env/rollout/val configs, the SNR filter, DAPO's dynamic sampling and
-overlong shaping, rollout metrics, held-out evaluation and the DataModule."""
+overlong shaping, rollout metrics, held-out evaluation and the DataModule; the warm start's demonstrations
+and their DataModule."""
 
 from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
 from ragen2.data.datamodule import RolloutDataModule
+from ragen2.data.demo_datamodule import DemoBatch, DemoDataModule
+from ragen2.data.demos import DemoConfig, demonstrate
 from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
 from ragen2.data.group_filter import GroupFilter
 from ragen2.data.metrics import group_metrics, rollout_metrics
@@ -11,6 +14,9 @@ from ragen2.data.sampling import DynamicSampling
 from ragen2.data.shaping import OverlongShaping
 
 __all__ = [
+    "DemoBatch",
+    "DemoConfig",
+    "DemoDataModule",
     "DynamicSampling",
     "EnvConfig",
     "GroupFilter",
@@ -21,6 +27,7 @@ __all__ = [
     "ValConfig",
     "by_group",
     "collate_episodes",
+    "demonstrate",
     "evaluate",
     "group_metrics",
     "heldout_seeds",

@@ -9,6 +9,10 @@ So is one whose weights hold NaN or ±inf (``NonFiniteCheckpointError``): it is 
 every program that loads one (training's resume, ``ragen2-eval``, ``-export``, ``-diagnose``), rather than
 failing mid-iteration or being evaluated and exported as it is.
 Remote paths (``s3://…``, ``https://…``) are refused: a checkpoint is read from a local file, verified first.
+
+A run with LoRA adapters (``model.lora``) saves only what it trains: the adapters (and their optimizer
+state), with its ``model.*`` settings. ``load_policy`` puts them back onto the base model those name and, by
+default, merges them into its weights: a plain HF model, as eval, diagnose, export and vLLM load one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import torch
 from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.loading import load_model
+from ragen2.models.lora import LoRAConfig
+from ragen2.settings import settings
 
 POLICY_PREFIX = "policy."
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save has written zip archives since torch 1.6
@@ -123,33 +129,50 @@ def read_checkpoint(
     return state
 
 
+def saved_lora(state: dict[str, Any]) -> LoRAConfig | None:
+    """The ``model.lora`` settings a run saved in its checkpoint: None for a run that trained the whole model."""
+    lora = ((state.get("ragen2") or {}).get("model") or {}).get("lora")
+    return None if lora is None else settings(LoRAConfig, lora, "model.lora")
+
+
 def load_policy(
     name_or_path: str,
     checkpoint: str | None = None,
     dtype: str = "float32",
     state: dict[str, Any] | None = None,
+    merge: bool = True,
 ) -> Any:
     """The HF model ``name_or_path``, with the policy weights of a ragen2 ``.ckpt`` loaded on top if given
-    (``state``: the checkpoint already read)."""
+    (``state``: the checkpoint already read). A LoRA run's adapters are merged into the weights, or with
+    ``merge=False`` returned as PEFT's ``PeftModel`` over the base model (its ``save_pretrained`` writes them)."""
     if checkpoint is None:
         return load_model(name_or_path, dtype)
-    weights_all = (state if state is not None else read_checkpoint(checkpoint))["state_dict"]
+    state = state if state is not None else read_checkpoint(checkpoint)
+    weights_all = state["state_dict"]
     weights = {k[len(POLICY_PREFIX) :]: v for k, v in weights_all.items() if k.startswith(POLICY_PREFIX)}
     if not weights:
         raise CheckpointError(
             f"checkpoint={checkpoint} holds no '{POLICY_PREFIX}*' weights: not a ragen2 checkpoint. Fix: pass a "
             "checkpoint written by ragen2-train"
         )
-    model = load_model(name_or_path, dtype)
+    lora = saved_lora(state)
+    base = load_model(name_or_path, dtype)
+    adapted = None if lora is None else lora.wrap(base, f"model.name_or_path={name_or_path!r}")
+    model = base if adapted is None else adapted.get_base_model()
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    # tied embeddings appear once in the checkpoint; anything else missing means the wrong base model
-    missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {}) and "lm_head" not in k]
+    # tied embeddings appear once in the checkpoint and a LoRA run's frozen base not at all (the base model
+    # supplies both); anything else missing means the wrong base model
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    tied = getattr(model, "_tied_weights_keys", {})
+    missing = [k for k in missing if k not in frozen and k not in tied and "lm_head" not in k]
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint={checkpoint} does not match model.name_or_path={name_or_path} "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]}). Fix: pass the model the run trained"
         )
-    return model
+    if adapted is None:
+        return model
+    return adapted.merge_and_unload() if merge else adapted
 
 
 def saved_settings(state: dict[str, Any], checkpoint: str) -> dict[str, dict[str, Any]]:

@@ -32,11 +32,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
 
 from ragen2.errors import ConfigError
+from ragen2.models.lora import LoRAConfig
+from ragen2.settings import settings
 
 BUILTIN = "builtin"
 TINY = "tiny"
@@ -158,6 +161,15 @@ _BUILT_IN = {
     TINY: (_TINY_DIR, _build_tiny),
     TINY_QWEN2: (_TINY_QWEN2_DIR, _build_tiny_qwen2),
 }
+
+
+def skeleton(name_or_path: str) -> Any:
+    """The model's modules on the meta device: its structure, no weights read or allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -282,13 +294,20 @@ class ModelConfig:
     """float32 | bfloat16 | float16: the weights' dtype."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, more compute)."""
+    lora: LoRAConfig | None = None
+    """LoRA adapters (``model/lora=default``): only they train, the base stays frozen; null = the whole model."""
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype)
         check_source(self.name_or_path)
+        if self.lora is not None:  # a node of its own: checked against the model's layers at start-up
+            object.__setattr__(self, "lora", settings(LoRAConfig, self.lora, "model.lora"))
+            self.lora.check_targets(skeleton(self.name_or_path), f"model.name_or_path={self.name_or_path!r}")
 
     def load(self):  # -> PreTrainedModel
         model = load_model(self.name_or_path, self.dtype)
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if self.lora is not None:
+            model = self.lora.attach(model, f"model.name_or_path={self.name_or_path!r}")
         return model

@@ -1,4 +1,5 @@
-"""The LightningModule of every algorithm and the pieces an algorithm config composes into it."""
+"""The LightningModule of every algorithm and the pieces an algorithm config composes into it; the warm
+start's supervised fine-tuning module."""
 
 from ragen2.modules.algo_config import AlgoConfig, OptimConfig
 from ragen2.modules.critic import Critic
@@ -13,6 +14,7 @@ from ragen2.modules.estimators import (
 )
 from ragen2.modules.objectives import LossTerms, PolicyObjective, TokenRatioLoss, TurnRatioLoss
 from ragen2.modules.policy import PolicyModule
+from ragen2.modules.sft import SFTConfig, SFTModule
 
 __all__ = [
     "AdvantageEstimator",
@@ -27,6 +29,8 @@ __all__ = [
     "OutcomeAdvantage",
     "PolicyModule",
     "PolicyObjective",
+    "SFTConfig",
+    "SFTModule",
     "TokenAdvantage",
     "TokenRatioLoss",
     "TurnRatioLoss",

@@ -5,6 +5,9 @@ A critic is a value head on a trunk, the loss that trains it and the optimizer g
   The trunk is shared: the value loss reaches it through the policy's parameter group, × ``vf_coef``.
 - ``trunk=<model>``: a separate trunk (any HF causal LM, by default the policy's own weights, its LM head
   dropped) with its own head.
+Under ``model.lora`` the trunk is frozen but for LoRA adapters: a shared trunk's value loss trains the
+policy's adapters (the base does not move), a separate trunk gets adapters of its own with the same
+settings (training it whole would undo what LoRA saves).
 Before the update one no-grad pass over the kept rows gives the old log-probs and the values (one
 trunk forward when the trunk is shared); every micro-batch adds ``vf_coef ·`` the clipped value loss
 (clip 0.5) to the policy's terms. The critic's parameters are their own optimizer group with their own
@@ -28,6 +31,7 @@ from ragen2.algos.logprobs import masked_mean
 from ragen2.algos.losses import value_loss
 from ragen2.errors import ConfigError
 from ragen2.models.loading import load_model
+from ragen2.models.lora import LoRAConfig
 from ragen2.models.value import position_values, zero_head
 
 
@@ -83,8 +87,9 @@ class Critic(nn.Module):
         self.trunk: nn.Module | None = None
         self.head: nn.Linear | None = None
 
-    def build(self, policy: Any) -> None:
-        """Create the head (and load the separate trunk): the hidden size is known once the policy is."""
+    def build(self, policy: Any, lora: LoRAConfig | None = None) -> None:
+        """Create the head (and load the separate trunk, with ``lora``'s adapters when the policy has them):
+        the hidden size is known once the policy is."""
         if self.head is not None:
             return
         hidden_size = policy.config.hidden_size
@@ -92,6 +97,8 @@ class Critic(nn.Module):
             model = load_model(self.trunk_name, self.trunk_dtype)
             if self.gradient_checkpointing:
                 model.gradient_checkpointing_enable()
+            if lora is not None:
+                model = lora.attach(model, f"algo.critic.trunk={self.trunk_name!r}")
             model.config.use_cache = False
             self.trunk = model.get_decoder().train()  # registered before the head: the optimizer's order
             hidden_size = model.config.hidden_size

@@ -4,12 +4,14 @@ The algorithm itself is ``ragen2.modules.update`` (``Update``: old log-probs, KL
 advantages, mini-batches of micro-batches, backward, clip, step; plain torch). This module does what
 Lightning asks of it around that:
 
-- builds the models (``configure_model``): the policy, the frozen reference when a KL term uses it,
+- builds the models (``configure_model``): the policy, the frozen reference when a KL term uses it
+  (a copy of the policy, or under ``model.lora`` the policy itself with its adapters off: no second model),
   the critic (``ragen2.modules.critic``), and under ``trainer=fsdp`` shards them (FSDP2, a unit per
   decoder layer);
 - builds the optimizer (``configure_optimizers``: ``ragen2.modules.update.build_optimizer``);
 - keeps the checkpoint what a resumed run needs (``on_save_checkpoint``, ``on_load_checkpoint``): the
-  reference stays out (it is the base model), the run state goes in (``ragen2.modules.run_state``);
+  frozen parameters stay out (the reference, a LoRA policy's base: both are the base model that ``model.*``
+  names, rebuilt at a load), the run state goes in (``ragen2.modules.run_state``);
 - runs one iteration (``training_step``): a batch whose filter kept no group on any rank makes no
   update, and ``algo.max_empty_iterations`` such batches in a row stop the run; otherwise ``Update.run``
   with Lightning's ``manual_backward``, then ``train/*`` logged with the batch's ``rollout/``,
@@ -19,7 +21,8 @@ An algorithm is this module plus the objects its ``conf/algo/<name>.yaml`` names
 advantage estimator, a policy objective and, for PPO, a critic.
 
 Departures from the paper's code: an empty filtered batch skips the update instead of failing, and the
-frozen reference model exists only when a KL term is on (and stays out of checkpoints).
+frozen reference model exists only when a KL term is on (and stays out of checkpoints, as does every
+frozen parameter).
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
+from functools import partial
 from typing import Any, cast
 
 import lightning as L
@@ -39,6 +44,7 @@ from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.loading import ModelConfig
+from ragen2.models.lora import adapters_off, has_adapters
 from ragen2.modules.algo_config import AlgoConfig
 from ragen2.modules.critic import Critic
 from ragen2.modules.run_state import KEY, RunState, migrate
@@ -60,7 +66,8 @@ class PolicyModule(L.LightningModule):
 
     Declared attributes (``ragen2.data.contracts``): ``policy``, the causal LM being trained (the
     DataModule samples from it, callbacks score with it); ``last_metrics``, every metric the latest
-    iteration logged. ``critic`` is the PPO critic or None; ``ref_policy`` the frozen reference or None;
+    iteration logged. ``critic`` is the PPO critic or None; ``ref_policy`` the frozen copy of the policy that
+    a KL term compares with, or None (no KL term, or LoRA: the reference is the policy with its adapters off);
     ``update`` the algorithm over them (``ragen2.modules.update.Update``), set once the models are built;
     ``stopped`` the ``RunStopped`` error that ended the run early, or None.
     """
@@ -94,15 +101,29 @@ class PolicyModule(L.LightningModule):
         self.policy = self.model_cfg.load()
         self.policy.config.use_cache = False
         self.policy.train()
-        if self.algo.needs_reference:  # the frozen reference exists only when a KL term uses it
-            self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        reference, ref_scope = self._reference()
         if self.critic is not None:
-            self.critic.build(self.policy)
+            self.critic.build(self.policy, self.model_cfg.lora)
         self.update = Update(
-            self.algo, self.policy, self.ref_policy, self.critic, self.temperature, self.seed
+            self.algo, self.policy, reference, self.critic, self.temperature, self.seed, ref_scope
         )
         if self._device_mesh is not None:  # ModelParallelStrategy (trainer=fsdp): shard across the ranks
             self._shard([m for m in (self.policy, self.ref_policy) if m is not None])
+
+    def _reference(self) -> tuple[Any, Callable[[], AbstractContextManager[Any]]]:
+        """The frozen reference a KL term compares with (None without one) and the scope it is scored in: a
+        policy with LoRA adapters is its own reference with them off; any other gets a frozen copy."""
+        if not self.algo.needs_reference:
+            return None, nullcontext
+        if has_adapters(self.policy):
+            return self.policy, partial(adapters_off, self.policy)
+        self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        return self.ref_policy, nullcontext
+
+    def _frozen_keys(self) -> set[str]:
+        """State-dict names of the parameters no optimizer trains (the reference copy, a LoRA policy's base,
+        tied aliases included): the base model, which the config names."""
+        return {name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
     def _shard(self, models: list[Any]) -> None:
         """FSDP2: each decoder layer its own unit, the rest of each model (embeddings, norm, head) the root."""
@@ -123,9 +144,9 @@ class PolicyModule(L.LightningModule):
             register_fsdp_forward_method(model, "ragen2_token_scores")  # bound by Update
         if self.critic is not None:
             fully_shard(self.critic, mesh=mesh, mp_policy=mp)
-        # the checkpoint leaves the frozen reference out, and this strategy loads weights before
+        # the checkpoint leaves the frozen parameters out, and this strategy loads weights before
         # on_load_checkpoint could supply them: load the rest non-strictly
-        self.strict_loading = self.ref_policy is None
+        self.strict_loading = not self._frozen_keys()
 
     def configure_optimizers(self) -> Any:
         optimizer, scheduler = build_optimizer(self.algo, self.policy, self.critic)
@@ -134,7 +155,8 @@ class PolicyModule(L.LightningModule):
     # ---- checkpoint -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         weights = checkpoint.get("state_dict", {})
-        for key in [k for k in weights if k.startswith(REF_PREFIX)]:  # rebuilt from the base model
+        frozen = self._frozen_keys()
+        for key in [k for k in weights if k.startswith(REF_PREFIX) or k in frozen]:  # rebuilt from the base
             del weights[key]
         # every rank calls this hook (rank 0 writes): gather each rank's RNG states
         state = self.run_state.state_dict(Ranks.current())
@@ -143,9 +165,10 @@ class PolicyModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         for change in migrate(checkpoint):
             log.info("checkpoint of an older layout: %s", change)
-        if self.ref_policy is not None:  # runs before the weights load: supply the reference left out
-            ref = {f"{REF_PREFIX}{k}": v for k, v in self.ref_policy.state_dict().items()}
-            checkpoint.setdefault("state_dict", {}).update(ref)
+        frozen = self._frozen_keys()
+        if frozen:  # runs before the weights load: supply what the save left out, as the base model has it
+            own = {k: v for k, v in self.state_dict().items() if k.startswith(REF_PREFIX) or k in frozen}
+            checkpoint.setdefault("state_dict", {}).update(own)
         self.run_state.load_state_dict(checkpoint.get(KEY, {}), Ranks.current())
 
     # ---- one iteration ----------------------------------------------------------------------

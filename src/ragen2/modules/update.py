@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import MethodType
 from typing import Any
@@ -150,6 +151,7 @@ class Update:
     """The update of every algorithm: configured by ``algo`` (``AlgoConfig``), not subclassed.
 
     ``policy`` is the causal LM trained, ``ref_policy`` the frozen reference (when a KL term needs it),
+    scored inside ``ref_scope()`` (under LoRA the policy itself, its adapters off: ``ragen2.models.lora``),
     ``critic`` PPO's critic: the caller owns them (their parameters, devices, sharding); this class binds
     ``token_scores`` to the two models as ``ragen2_token_scores``.
     """
@@ -162,10 +164,12 @@ class Update:
         critic: Critic | None = None,
         temperature: float = 1.0,
         seed: int = 0,
+        ref_scope: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
         self.algo = algo
         self.policy = policy
         self.ref_policy = ref_policy
+        self.ref_scope = ref_scope
         self.critic = critic
         self.temperature = temperature
         self.seed = seed
@@ -236,7 +240,8 @@ class Update:
             if self.critic is not None:  # rest = every row when there are values
                 values = scored[1]
             if self.ref_policy is not None:
-                ref_logp = self._score(self.ref_policy, train, torch.arange(n), pad, ranks)[0]
+                with self.ref_scope():
+                    ref_logp = self._score(self.ref_policy, train, torch.arange(n), pad, ranks)[0]
         metrics: dict[str, float] = {}
         if kl_reward is not None:
             assert ref_logp is not None

@@ -45,7 +45,8 @@ class Sample:
 class PromptMeta:
     """What a backend may know about a prompt beyond its ids (scripted backends use the oracle)."""
 
-    oracle: str | None = None
+    oracle: str | None = None  # the env solver's actions for this turn, joined by ``||``
+    reasoning: str | None = None  # why they fit the state (``env.oracle_reasoning``), when the env says
     extra: dict[str, Any] = field(default_factory=dict)
 
 
