@@ -144,6 +144,17 @@ def test_group_level_row_counts_are_the_kept_groups(tmp_path: Path) -> None:
     assert batch.keep_rows.all()
 
 
+def test_monitor_trains_on_every_group_and_logs_the_selection() -> None:
+    filtered = _dm(GroupFilter()).rollout(0)
+    watched = _dm(GroupFilter(monitor=True)).rollout(0)  # the same scripted rollouts
+    assert torch.equal(watched.group_scores, filtered.group_scores)
+    assert 0 < filtered.metrics["filter/kept"] < 4  # the filter drops groups here ...
+    for key in ("filter/kept", "filter/kept_ratio", "filter/score_mean", "filter/kept_score_mean"):
+        assert watched.metrics[key] == filtered.metrics[key]  # ... and monitor reports the same choice
+    assert watched.keep.all() and watched.kept_rows.numel() == 16  # while every group trains
+    assert watched.metrics["filter/kept_rows"] == 16 and watched.metrics["filter/kept_row_ratio"] == 1.0
+
+
 class _Mirror(Ranks):
     """Two ranks holding identical rollouts: every gathered value is this rank's, twice."""
 
