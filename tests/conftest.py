@@ -1,8 +1,32 @@
-"""Shared fixtures: the tiny models' tokenizers (the real SmolLM2 and Qwen2.5 tokenizers, ChatML templates) and models."""
+"""Shared fixtures: the tiny models' tokenizers (the real SmolLM2 and Qwen2.5 tokenizers, ChatML templates) and
+models; a package outside ragen2 with its own env, installed for the session."""
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+
+@pytest.fixture(scope="session")
+def outside_envs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """The outside_envs distribution on sys.path, as a user's installed package (``helpers.install_outside``):
+    (its site folder, the user's conf folder)."""
+    import gymnasium
+    from helpers import OUTSIDE_IDS, install_outside
+
+    site, conf = install_outside(tmp_path_factory.mktemp("outside"))
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    yield site, conf
+    sys.path.remove(str(site))
+    for env_id in OUTSIDE_IDS:
+        gymnasium.registry.pop(env_id.rpartition(":")[2], None)
+    for name in [m for m in sys.modules if m.split(".")[0] == "outside_envs"]:
+        del sys.modules[name]
 
 
 @pytest.fixture(scope="session")

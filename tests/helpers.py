@@ -1,11 +1,13 @@
 """Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed, ports
-for the daemons and ranks a test starts, a scripted LM."""
+for the daemons and ranks a test starts, a scripted LM, a package outside ragen2 that brings its own env."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -55,6 +57,34 @@ def episode(group: int, turns: Sequence[Turn], sample: int = 0, seed: int | None
 def env_conf(name: str) -> DictConfig:
     """``conf/env/<name>.yaml`` as the training config composes it, with the env's own turn limit."""
     return compose([f"env={name}", "max_turns_cap=null"]).env
+
+
+#: the package outside ragen2 (tests/envs/outside): its env's ids, by the ways a package registers one
+OUTSIDE = Path(__file__).resolve().parent / "envs" / "outside"
+OUTSIDE_ENTRY_POINT_ID = "outside/Guess-v0"  # declared in its distribution's ragen2.envs entry points
+OUTSIDE_GYM_ID = (
+    "outside_envs.register:outside/GuessGym-v0"  # gymnasium.register, run by importing the module
+)
+OUTSIDE_IDS = (OUTSIDE_ENTRY_POINT_ID, OUTSIDE_GYM_ID)
+
+
+def install_outside(folder: Path) -> tuple[Path, Path]:
+    """tests/envs/outside laid out in ``folder`` as an installed distribution lies in site-packages (the
+    ``outside_envs`` package and its dist-info, whose entry points declare ``outside/Guess-v0`` in the
+    ``ragen2.envs`` group), and the user's own conf folder beside it; returns (the folder to put on
+    sys.path, the conf folder)."""
+    site, conf = folder / "site", folder / "conf"
+    shutil.copytree(
+        OUTSIDE / "outside_envs", site / "outside_envs", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(OUTSIDE / "conf", conf)
+    info = site / "outside_envs-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: outside-envs\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[ragen2.envs]\n{OUTSIDE_ENTRY_POINT_ID} = outside_envs.guess:GuessEnv\n"
+    )
+    return site, conf
 
 
 def free_ports(n: int) -> list[int]:

@@ -35,13 +35,20 @@ def test_version_is_ragen2s(program: str, tmp_path: Path) -> None:
     assert done.stdout.strip() == f"{program} (ragen2) {importlib.metadata.version('ragen2')}"
 
 
+@pytest.mark.parametrize("optimize", ["", "-OO"])
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_help_works_without_docstrings(program: str, tmp_path: Path) -> None:
-    # python -OO (PYTHONOPTIMIZE=2) strips docstrings, which some programs' --help is built from
+def test_every_help_reads_the_same_way(program: str, optimize: str, tmp_path: Path) -> None:
+    # what it does, Usage:, Examples:, in plain text (no ``code`` markup of docstrings); -OO strips docstrings,
+    # which no help is built from
     module = "ragen2." + program.removeprefix("ragen2-")
-    done = _run([sys.executable, "-OO", "-m", module, "--help"], tmp_path)
+    done = _run([sys.executable, *filter(None, [optimize]), "-m", module, "--help"], tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith((f"usage: {program} ", f"{program}: "))
+    text = done.stdout
+    assert text.startswith(f"{program}: ") and "Hydra" not in text.splitlines()[0]
+    assert f"\n\nUsage: {program} " in text
+    assert f"\nExamples:\n  {program} " in text
+    assert text.index("Usage:") < text.index("Examples:")
+    assert "``" not in text
 
 
 def test_train_help_says_what_it_does_with_examples(tmp_path: Path) -> None:
@@ -72,7 +79,7 @@ def test_a_config_error_is_one_line_unless_hydra_full_error(tmp_path: Path) -> N
     assert full.returncode == 1
     assert "Traceback (most recent call last)" in full.stderr
     assert full.stderr.rstrip().endswith(
-        "ragen2.config.ConfigError: rollout.groups='abc' is text, not an integer. Fix: rollout.groups=4"
+        "ragen2.errors.ConfigError: rollout.groups='abc' is text, not an integer. Fix: rollout.groups=4"
     )
 
 

@@ -25,11 +25,11 @@ BAD = [
     (["rollout.top_k=-1"], r"rollout\.top_k=-1 .*Fix"),
     (["rollout.max_context=32"], r"rollout\.max_context=32 .*Fix: raise rollout\.max_context"),
     (["rollout.format_penalty=0.5"], r"rollout\.format_penalty=0\.5 .*Fix"),
-    (["filter.value=1.5"], r"filter\.value=1\.5: top_p .*\(0, 1\].*Fix"),
-    (["filter.value=0"], r"filter\.value=0.*Fix"),
+    (["filter.strategy=top_k", "filter.value=1.5"], r"filter\.value=1\.5: top_k .*\(0, 1\]\. Fix"),
+    (["filter.value=0"], r"filter\.value=0: top_p .*Fix: filter\.value=0\.9"),
     (["filter.score=rv"], r"filter\.score='rv' is unknown\. Fix: choose one of reward_std"),
-    (["filter.strategy=topp"], r"filter\.strategy 'topp'.*choose one of"),
-    (["filter.mode=exp"], r"filter\.mode 'exp'.*choose one of"),
+    (["filter.strategy=topp"], r"filter\.strategy='topp' is unknown\. Fix: choose one of top_p"),
+    (["filter.mode=exp"], r"filter\.mode='exp' is unknown\. Fix: choose one of linear, softmax"),
     (
         ["filter=rv_quartile", "filter.value=5"],
         r"filter\.value=5: quantile .*filter\.bands=4, .*to 4\. Fix: filter\.value=1",
@@ -437,8 +437,8 @@ def test_a_qwen_model_without_a_local_copy_says_how_to_get_one(
 def test_a_local_copy_under_ragen2_models_is_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from ragen2.config import settings
     from ragen2.models.loading import ModelConfig, resolve_model_path
+    from ragen2.settings import settings
 
     # the tiny model's folder stands in for a copy of Qwen2.5-0.5B-Instruct
     (tmp_path / "Qwen2.5-0.5B-Instruct").symlink_to(resolve_model_path("tiny"))
@@ -507,8 +507,9 @@ NOT_MAPPINGS = [
 
 @pytest.mark.parametrize(("node", "said"), NOT_MAPPINGS, ids=["text", "pairs"])
 def test_a_node_that_is_no_mapping_is_named_with_its_value(node: object, said: str) -> None:
-    from ragen2.config import ConfigError, settings
     from ragen2.data.rollout_config import EnvConfig
+    from ragen2.errors import ConfigError
+    from ragen2.settings import settings
 
     with pytest.raises(
         ConfigError,
@@ -563,7 +564,7 @@ def test_a_run_folder_holding_a_run_is_continued_only_when_ckpt_path_says_so(
 ) -> None:
     import shutil
 
-    from ragen2.config import ConfigError
+    from ragen2.errors import ConfigError
 
     for key in ("SLURM_JOB_ID", "SUBMITIT_EXECUTOR"):
         monkeypatch.delenv(key, raising=False)
@@ -725,7 +726,7 @@ def test_a_checkpoint_that_cannot_continue_is_one_line_before_a_model_loads(
 ) -> None:
     import torch
 
-    from ragen2.config import ConfigError
+    from ragen2.errors import ConfigError
 
     with_critic = tmp_path / "with_critic.ckpt"  # as a PPO run's: a value head beside the policy
     state = torch.load(grpo_checkpoint, weights_only=True)

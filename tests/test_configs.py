@@ -8,7 +8,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from ragen2.config import CONF_DIR, ConfigError, build, compose, validate
+from ragen2.config import CONF_DIR, build, compose, validate
+from ragen2.errors import ConfigError
 
 # conf/base/ holds the shared defaults the algo and rollout files start from: not a choice
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "base", "sweep"))

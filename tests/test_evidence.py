@@ -19,6 +19,7 @@ import yaml
 from ragen2_envs.frozenlake.env import FrozenLakeEnv
 from ragen2_envs.frozenlake.solver import shortest_path
 
+from ragen2.config import CONF_DIR
 from ragen2.grids.runs import Run, read_grid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,7 +213,7 @@ def test_the_study_numbers_are_the_runs_numbers() -> None:
 @pytest.fixture(scope="module")
 def frozenlake() -> FrozenLakeEnv:
     """The studies' FrozenLake (conf/env/frozenlake.yaml's constructor arguments: deterministic moves)."""
-    kwargs = yaml.safe_load((ROOT / "conf" / "env" / "frozenlake.yaml").read_text())["kwargs"]
+    kwargs = yaml.safe_load((CONF_DIR / "env" / "frozenlake.yaml").read_text())["kwargs"]
     env = ragen2_envs.make("ragen2/FrozenLake-v0", **kwargs)
     assert isinstance(env, FrozenLakeEnv)
     return env

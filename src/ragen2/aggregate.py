@@ -1,19 +1,41 @@
-"""ragen2-aggregate: a grid of ``ragen2-train --multirun`` runs as one table, mean ± 95 % CI over seeds per cell.
+"""ragen2-aggregate: a grid of ``ragen2-train --multirun`` runs as one table, mean ± 95 % CI over seeds per
+cell (the library is ``ragen2.grids``; ``ragen2-aggregate --help`` lists what it writes).
 
-ragen2-aggregate multirun/2026-11-22/15-54-14                 # one grid: the sweep folder holding 0/, 1/, …
-ragen2-aggregate multirun/2026-11-22 --out results            # every grid below it, each on its own
-ragen2-aggregate multirun/2026-11-22/15-54-14 --keys filter   # cells by these override keys
-ragen2-aggregate multirun/2026-11-22/15-54-14 --iterations 8  # every run at its first 8 iterations
-ragen2-aggregate multirun/2026-11-22/15-54-14 --trust-pickles # unpickle submitit's results in full
-ragen2-aggregate multirun/2026-11-22/15-54-14 --pair filter=top_p,none --steps 0,20,40
+Why a job failed is read from what submitit left in ``.submitit/<job>/``: its result file, else its log.
+A result is a pickle, and unpickling runs the code it names, so by default it is read without importing or
+calling anything (a failure Hydra caught is still read: its exception's class and arguments); a result
+only unpickling could read is reported as "result not readable without --trust-pickles". Pass
+``--trust-pickles`` for grids whose ``.submitit`` folder only you could have written.
+"""
 
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ragen2.cli import ProgramParser
+from ragen2.grids import AggregateError, aggregate_folder, summary
+
+# ragen2-aggregate --help
+ABOUT = "ragen2-aggregate: a grid of ragen2-train --multirun runs as one table, mean ± 95 % CI over seeds per cell."
+EXAMPLES = (
+    "ragen2-aggregate multirun/2026-11-22/15-54-14                 one grid: the sweep folder holding 0/, 1/, …",
+    "ragen2-aggregate multirun/2026-11-22 --out results            every grid below it, each on its own",
+    "ragen2-aggregate multirun/2026-11-22/15-54-14 --keys filter   cells by these override keys",
+    "ragen2-aggregate multirun/2026-11-22/15-54-14 --iterations 8  every run at its first 8 iterations",
+    "ragen2-aggregate multirun/2026-11-22/15-54-14 --trust-pickles unpickle submitit's results in full",
+    "ragen2-aggregate multirun/2026-11-22/15-54-14 --pair filter=top_p,none --steps 0,20,40",
+)
+NOTES = """\
 A cell is one setting of the swept override keys (those whose value differs between the grid's jobs) but
-``seed``; its runs are the seeds. Each metric in ``METRICS`` is one number per run (its last value, its
-largest finite one, or its mean over iterations), then the mean and the two-sided 95 % Student t interval
-over the cell's complete runs; a run whose value is NaN or ±inf is counted and reported, never averaged.
+seed; its runs are the seeds. Each metric of the table (ragen2.grids.METRICS) is one number per run (its
+last value, its largest finite one, or its mean over iterations), then the mean and the two-sided 95 %
+Student t interval over the cell's complete runs; a run whose value is NaN or ±inf is counted and reported, never averaged.
 Runs that failed or stopped short are left out of the numbers and listed.
 
-Written into the grid's folder (or ``--out``, checked writable before anything is read):
+Written into the grid's folder (or --out, checked writable before anything is read):
   aggregate.csv, aggregate.md       the cells' table; MI by curve (first-turn, trajectory, per-turn) and
                                     gradient norms by reward-variance bucket, pooled over runs
   aggregate_metrics.png             each metric per cell: mean, 95 % interval, each run
@@ -27,25 +49,7 @@ Written into the grid's folder (or ``--out``, checked writable before anything i
   aggregate_paired.md, .csv         two arms (--pair) paired by seed: per seed and as the mean difference
                                     with a 95 % t interval over pairs; unpaired runs listed; MI at
                                     matched optimizer steps; Spearman's rho of Std(RV)/Mean(RV) and
-                                    score_cv against the filter's gain across comparisons
-
-Why a job failed is read from what submitit left in ``.submitit/<job>/``: its result file, else its log.
-A result is a pickle, and unpickling runs the code it names, so by default it is read without importing or
-calling anything (a failure Hydra caught is still read: its exception's class and arguments); a result
-only unpickling could read is reported as "result not readable without --trust-pickles". Pass
-``--trust-pickles`` for grids whose ``.submitit`` folder only you could have written.
-"""
-
-from __future__ import annotations
-
-import argparse
-import math
-import sys
-from collections.abc import Sequence
-from pathlib import Path
-
-from ragen2.config import version_line
-from ragen2.grids import AggregateError, aggregate_folder, summary
+                                    score_cv against the filter's gain across comparisons"""
 
 
 def parse_steps(text: str) -> list[float]:
@@ -60,13 +64,7 @@ def parse_steps(text: str) -> list[float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    # no docstring under python -OO: the help then goes without its description
-    parser = argparse.ArgumentParser(
-        prog="ragen2-aggregate",
-        description=__doc__ and __doc__.split("\n\nWhy a job failed")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=version_line("ragen2-aggregate"))
+    parser = ProgramParser("ragen2-aggregate", ABOUT, EXAMPLES, NOTES)
     parser.add_argument(
         "folder", help="a sweep folder (multirun/<date>/<time>, holding 0/, 1/, …) or one above"
     )

@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ragen2.config import ConfigError, shown
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.checkpoint import POLICY_PREFIX, read_checkpoint
-from ragen2.models.loading import resolve_model_path
+from ragen2.models.loading import skeleton
 from ragen2.modules.run_state import KEY
+from ragen2.settings import shown
 
 CRITIC_PREFIX = "critic."
 #: the optimizer group settings a resumed optimizer keeps: config key under a group's node -> group key
@@ -126,10 +126,7 @@ def _check_shapes(
 ) -> None:
     """The checkpoint's policy weights against the configured model's, built on the meta device (shapes, no
     memory, no weights read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model_path(name_or_path)))
+    model = skeleton(name_or_path)
     expected = {POLICY_PREFIX + k: tuple(v.shape) for k, v in model.state_dict().items()}
     held = {k: tuple(v.shape) for k, v in weights.items() if k.startswith(POLICY_PREFIX)}
     tied = {POLICY_PREFIX + k for k in getattr(model, "_tied_weights_keys", None) or ()}

@@ -18,11 +18,12 @@ set_defaults()
 from collections.abc import Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
-import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import CONF_DIR, ConfigError, check_type, command_line, one_line_errors  # noqa: E402
+from ragen2.cli import hydra_program, task_overrides  # noqa: E402
+from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
+from ragen2.settings import check_type, settings  # noqa: E402
 
 
 def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
@@ -63,7 +64,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     """Diagnose with a composed diagnose config; returns the ``Diagnosis`` (its report is written)."""
     import time
 
-    from ragen2.config import build, settings, with_saved_settings
+    from ragen2.config import build, with_saved_settings
     from ragen2.data.evaluation import heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
     from ragen2.diagnostics.report import diagnose, rows_from_episodes, rows_from_records, write_report
@@ -130,17 +131,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     return diag
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="diagnose")
-@one_line_errors("ragen2-diagnose")
-def _main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    run(cfg, HydraConfig.get().overrides.task)
-
-
-def main() -> None:
-    command_line("ragen2-diagnose", _main)
-
+main = hydra_program("ragen2-diagnose", "diagnose", lambda cfg: run(cfg, task_overrides()))
 
 if __name__ == "__main__":
     main()

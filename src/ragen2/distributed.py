@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 T = TypeVar("T")
 

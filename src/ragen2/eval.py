@@ -25,17 +25,17 @@ from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, TextIO, cast  # noqa: E402
 
-import hydra  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import CONF_DIR, ConfigError, check_type, command_line, one_line_errors  # noqa: E402
+from ragen2.cli import hydra_program, task_overrides  # noqa: E402
+from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
+from ragen2.run_folder import unwritable  # noqa: E402
+from ragen2.settings import check_type, settings  # noqa: E402
 
 
 def check(cfg: DictConfig) -> Path:
     """Refuse settings that cannot work before anything loads; returns where the results go."""
-    from ragen2.config import _unwritable
-
     check_type("seed", cfg.seed, int, 0)
     check_type("num_seeds", cfg.num_seeds, int, 16)
     if cfg.num_seeds < 1:
@@ -61,7 +61,7 @@ def check(cfg: DictConfig) -> Path:
     out = Path(str(cfg.output)).expanduser()
     if out.is_dir():
         raise ConfigError(f"output={out} is a folder. Fix: output={out / 'eval.json'}")
-    problem = _unwritable(out.parent.absolute())
+    problem = unwritable(out.parent.absolute())
     if problem:
         raise ConfigError(
             f"output={out} cannot be written: {problem}. Fix: output=<a file in a writable folder>"
@@ -82,7 +82,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     out = check(cfg)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None  # a bad file fails before the imports
 
-    from ragen2.config import build, settings, with_saved_settings
+    from ragen2.config import build, with_saved_settings
     from ragen2.data.evaluation import evaluate, heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
     from ragen2.models.loading import ModelConfig, load_tokenizer
@@ -130,17 +130,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     return results
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
-@one_line_errors("ragen2-eval")
-def _main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    run(cfg, HydraConfig.get().overrides.task)
-
-
-def main() -> None:
-    command_line("ragen2-eval", _main)
-
+main = hydra_program("ragen2-eval", "eval", lambda cfg: run(cfg, task_overrides()))
 
 if __name__ == "__main__":
     main()

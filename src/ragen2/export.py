@@ -16,21 +16,36 @@ so a failed or killed export leaves no half-written folder. A destination that h
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from ragen2._env import set_defaults
-from ragen2.config import ConfigError, version_line
+from ragen2.cli import ProgramParser
+from ragen2.errors import ConfigError
+from ragen2.run_folder import unwritable
+
+# ragen2-export --help
+ABOUT = (
+    "ragen2-export: the policy of a ragen2 checkpoint as an HF model folder (weights, config and tokenizer)."
+)
+EXAMPLES = (
+    "ragen2-export outputs/<run>/checkpoints/last.ckpt exported/sokoban-grpo",
+    "ragen2-export outputs/<run>/checkpoints/last.ckpt exported/sokoban-grpo --overwrite",
+    "ragen2-export old.ckpt exported/old --model <the run's model.name_or_path>   (an older checkpoint)",
+)
+NOTES = """\
+The base model is the one the run trained, saved in the checkpoint (--model names it for older ones).
+The folder is written beside the destination and renamed into place once whole: a failed or killed
+export leaves no half-written folder. A destination that holds files is refused unless --overwrite
+(which replaces the folder as a whole), and one that is a file always is.
+Then: ragen2-eval model.name_or_path=<out> (or any HF loader, vLLM included)."""
 
 
 def check_destination(out: str, overwrite: bool = False) -> Path:
     """Refuse a destination that is a file, holds files (unless ``overwrite``) or cannot be written, before
     anything loads; returns it."""
-    from ragen2.config import _unwritable
-
     folder = Path(out).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(
@@ -42,7 +57,7 @@ def check_destination(out: str, overwrite: bool = False) -> Path:
             f"out={out} already holds files, which the export would replace. Fix: another folder, or "
             "--overwrite to replace that folder as a whole"
         )
-    problem = _unwritable(folder.absolute().parent)
+    problem = unwritable(folder.absolute().parent)
     if problem:
         raise ConfigError(f"out={out} cannot be written: {problem}. Fix: out=<a folder in a writable place>")
     return folder
@@ -115,9 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     set_defaults()
     from ragen2.log import log
 
-    # no docstring under python -OO: the help then goes without its description
-    parser = argparse.ArgumentParser(prog="ragen2-export", description=__doc__ and __doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=version_line("ragen2-export"))
+    parser = ProgramParser("ragen2-export", ABOUT, EXAMPLES, NOTES)
     parser.add_argument("checkpoint", help="a ragen2 .ckpt, e.g. outputs/<run>/checkpoints/last.ckpt")
     parser.add_argument("out", help="the folder to write (new or empty, unless --overwrite)")
     parser.add_argument(

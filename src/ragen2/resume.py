@@ -46,7 +46,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 from ragen2.log import log
 
 AUTO = "auto"

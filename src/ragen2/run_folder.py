@@ -24,17 +24,54 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ragen2.config import ConfigError, check_writable, exit_one_line, run_folders
+from ragen2.errors import ConfigError, exit_one_line
 from ragen2.resume import AUTO, HPC, LAST, checkpoint_dir, hpc_checkpoint, last_checkpoints, restartable_job
 
 METRICS = Path("csv") / "metrics.csv"
+
+
+def run_folders(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The folders a training run writes, by the key that sets each: the run folder and the checkpoint folder."""
+    folders = [("run_dir", str(cfg.run_dir))]
+    if (cfg.get("callbacks") or {}).get("checkpoint") is not None:
+        folders.append(("callbacks.checkpoint.dirpath", str(checkpoint_dir(cfg))))
+    return folders
+
+
+def check_writable(folders: Iterable[tuple[str, str | Path]]) -> None:
+    """Each folder (key -> folder) must be creatable and writable now, not when iteration 0 ends. Nothing is
+    created here: the nearest folder that exists is tried with a temporary file."""
+    for key, folder in folders:
+        if "://" in str(folder):  # a remote store (fsspec): Lightning's to reach
+            continue
+        problem = unwritable(Path(folder).expanduser().absolute())
+        if problem:
+            raise ConfigError(
+                f"{key}={folder} cannot be written: {problem}. Fix: {key}=<a writable folder>"
+                + (", or hydra.run.dir=<a writable folder>" if key == "run_dir" else "")
+            )
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` could not be created and written, or None."""
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            return None
+    except OSError as err:
+        return f"{existing} does not take new files ({err.strerror})"
 
 
 def held_run(run_dir: Path, checkpoints: Path) -> str | None:

@@ -6,10 +6,10 @@ from ragen2._env import set_defaults
 
 set_defaults()
 
-import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from ragen2.config import CONF_DIR, build, check_batch, command_line, one_line_errors, validate  # noqa: E402
+from ragen2.cli import hydra_program  # noqa: E402
+from ragen2.config import build, check_batch, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
 from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
 from ragen2.run_folder import check_run_folder  # noqa: E402
@@ -54,15 +54,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-@one_line_errors("ragen2-train")
-def _main(cfg: DictConfig) -> None:
-    run(cfg)
-
-
-def main() -> None:
-    command_line("ragen2-train", _main)
-
+main = hydra_program("ragen2-train", "train", run)
 
 if __name__ == "__main__":
     main()

@@ -15,21 +15,13 @@ set_defaults()
 
 from typing import Any  # noqa: E402
 
-import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from ragen2.config import (  # noqa: E402
-    CONF_DIR,
-    build,
-    check_seed_and_cap,
-    check_target_types,
-    check_top_level,
-    check_writable,
-    command_line,
-    one_line_errors,
-    settings,
-)
+from ragen2.cli import hydra_program  # noqa: E402
+from ragen2.config import build, check_seed_and_cap, check_top_level  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
+from ragen2.run_folder import check_writable  # noqa: E402
+from ragen2.settings import check_target_types, settings  # noqa: E402
 
 
 def check(cfg: DictConfig) -> None:
@@ -94,14 +86,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return record
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="warmstart")
-@one_line_errors("ragen2-warmstart")
-def _main(cfg: DictConfig) -> None:
-    run(cfg)
-
-
-def main() -> None:
-    command_line("ragen2-warmstart", _main)
+main = hydra_program("ragen2-warmstart", "warmstart", run)
 
 
 if __name__ == "__main__":

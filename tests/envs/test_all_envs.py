@@ -1,4 +1,6 @@
-"""The environment contract, checked on every registered env and every conf/env yaml."""
+"""The environment contract, checked on every registered env and every conf/env yaml, and on the env of a package
+outside ragen2 (tests/envs/outside, installed for the session: by its entry point and by gymnasium's
+registration)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import numpy as np
 import pytest
 import ragen2_envs
 from gymnasium.utils.env_checker import check_env
+from helpers import OUTSIDE_IDS
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from ragen2.config import compose
+from ragen2.config import CONF_DIR, compose
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "env"
-CONF_FILES = sorted(CONF_DIR.glob("*.yaml"))
+ENV_CONF = CONF_DIR / "env"
+CONF_FILES = sorted(ENV_CONF.glob("*.yaml"))
 # DeepCoder runs every submitted action in a sandboxed subprocess: 1,000 fuzzed actions take ~40 s
 SLOW_FUZZ_IDS = {"ragen2/DeepCoder-v0"}
 
@@ -75,8 +78,14 @@ def fuzz_actions(rng: np.random.Generator, count: int = 1000) -> list[str]:
     return out
 
 
-ALL_IDS = sorted(ragen2_envs.ENV_IDS)
+# ragen2's own, the test package's, and any that an installed package declares (its env is checked here too)
+ALL_IDS = sorted({*ragen2_envs.ENV_IDS, *OUTSIDE_IDS, *ragen2_envs.declared_ids()})
 FUZZ_IDS = [pytest.param(i, marks=pytest.mark.slow) if i in SLOW_FUZZ_IDS else i for i in ALL_IDS]
+
+
+@pytest.fixture(autouse=True)
+def _outside(outside_envs: tuple[Path, Path]) -> None:
+    """The outside package is installed whichever id a test takes."""
 
 
 @pytest.mark.parametrize("env_id", ALL_IDS)
@@ -176,9 +185,9 @@ def test_turn_limit_is_the_envs_own_capped_by_the_cpu_default(path: Path, tokeni
     assert data.rollout_cfg.runner(data.env, tokenizer).cfg.max_turns == min(own, 3)
 
 
-@pytest.mark.parametrize("env_id", sorted(ragen2_envs.ENV_IDS))
+@pytest.mark.parametrize("env_id", ALL_IDS)
 def test_every_option_default_is_in_its_declared_bounds(env_id: str) -> None:
-    from ragen2.config import check_type
+    from ragen2.settings import check_type
 
     declared = ragen2_envs.env_options(env_id)
     assert "render_mode" in declared and "self" not in declared

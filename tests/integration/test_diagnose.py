@@ -9,11 +9,12 @@ from typing import Any
 import hydra
 import pytest
 
-from ragen2.config import ConfigError, compose
+from ragen2.config import compose
 from ragen2.diagnose import run
 from ragen2.diagnostics.mi import METRIC_KEYS
 from ragen2.diagnostics.regimes import Regime
 from ragen2.diagnostics.report import Row, Splits, diagnose, misretrieved, read_jsonl, rows_from_episodes
+from ragen2.errors import ConfigError
 
 FAST = ("model=tiny", "rollout=scripted", "env=sokoban")
 FILES = ("metrics.json", "heatmap.png", "quadrant.png", "ranks.png", "rows.jsonl", "index.md")

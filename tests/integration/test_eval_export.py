@@ -155,7 +155,7 @@ def test_eval_writes_each_seed_as_it_finishes_and_an_interrupted_run_keeps_them(
     ],
 )
 def test_eval_refuses_bad_settings_before_anything_loads(tmp_path: Path, override: str, message: str) -> None:
-    from ragen2.config import ConfigError
+    from ragen2.errors import ConfigError
     from ragen2.eval import run
 
     # the checkpoint does not exist: an error about it would mean the settings were not checked first
@@ -165,7 +165,7 @@ def test_eval_refuses_bad_settings_before_anything_loads(tmp_path: Path, overrid
 
 
 def test_eval_refuses_an_output_it_cannot_write_before_anything_loads(tmp_path: Path) -> None:
-    from ragen2.config import ConfigError
+    from ragen2.errors import ConfigError
     from ragen2.eval import run
 
     taken = tmp_path / "taken"
@@ -184,7 +184,7 @@ def test_eval_refuses_an_output_it_cannot_write_before_anything_loads(tmp_path: 
 
 
 def test_eval_of_a_folder_says_which_checkpoints_it_holds(tmp_path: Path) -> None:
-    from ragen2.config import ConfigError
+    from ragen2.errors import ConfigError
     from ragen2.eval import run
 
     run_dir = tmp_path / "run"

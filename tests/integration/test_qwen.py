@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragen2.config import ConfigError, compose
+from ragen2.config import compose
+from ragen2.errors import ConfigError
 from ragen2.models import qwen
 from ragen2.models.loading import load_model, resolve_model_path
 from ragen2.rollout.vllm import vllm_available

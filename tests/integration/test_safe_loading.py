@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragen2.config import ConfigError, compose
+from ragen2.config import compose
+from ragen2.errors import ConfigError
 from ragen2.models.checkpoint import load_policy, read_checkpoint
 from ragen2.resume import resolve_ckpt_path
 

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from ragen2.config import CONF_DIR, build, validate
 from ragen2.config import compose as ragen2_compose
 
-ROOT = CONF_DIR.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCHERS = sorted(p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"

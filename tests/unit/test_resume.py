@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragen2.config import ConfigError, compose
+from ragen2.config import compose
+from ragen2.errors import ConfigError
 from ragen2.loggers import CSVLogger, TensorBoardLogger, rows_before, wandb_run_id
 from ragen2.resume import checkpoint_dir, requeue_plugins, resolve_ckpt_path, run_ckpt_path
 

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.accelerators import CPUAccelerator
 
-from ragen2.config import ConfigError, build, compose
+from ragen2.config import build, compose
+from ragen2.errors import ConfigError
 
 STRATEGIES = ["ddp", "fsdp"]
 

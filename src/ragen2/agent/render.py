@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

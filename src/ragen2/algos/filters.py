@@ -23,6 +23,12 @@ instead of indices:
   on is the bucket whose gradient norms are measured. Zero-score groups count only with `include_zero`,
   as for every strategy (the paper's quartiles are over all groups: `conf/filter/rv_quartile.yaml` sets it).
 
+Scores and strategies are tables (`SCORES`, `STRATEGIES`): a new one is one entry (a strategy: one
+function, which also refuses the values it cannot use) and one `conf/filter/<name>.yaml`. `success_std` (not
+in the reference) is the std of each rollout's binary outcome: under shaped rewards (Sokoban's step and box
+terms) a group that never succeeds still has return variance and survives `reward_std`, while its
+`success_std` is 0 and the zero drop removes it.
+
 `extreme_rows` is the row-level counterpart, also not in the reference (the paper's trajectory-level
 control, Table 7): within each group it keeps the rollouts with the most extreme returns, half from the
 top and half from the bottom.
@@ -37,14 +43,18 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 __all__ = [
     "LOSS_SCALINGS",
+    "SCORES",
     "SCORE_INPUTS",
     "SCORE_KINDS",
     "STRATEGIES",
+    "Candidates",
     "extreme_rows",
     "filter_stats",
     "group_scores",
@@ -52,17 +62,20 @@ __all__ = [
     "select_groups",
 ]
 
-SCORE_KINDS = ("reward_std", "reward_var", "reward_mean", "entropy", "entropy_std", "length")
-#: the per-rollout quantity each score reduces over a group
-SCORE_INPUTS = {
-    "reward_std": "return",
-    "reward_var": "return",
-    "reward_mean": "return",
-    "entropy": "entropy",
-    "entropy_std": "entropy",
-    "length": "length",
+#: the per-rollout quantity each score reduces over a group, and how ([G, K] -> [G]); a new score is one
+#: entry here (and its quantity in ``ragen2.data.group_filter.ROLLOUT_VALUES`` if it reads a new one)
+SCORES: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+    "reward_std": ("return", lambda x: x.std(dim=1)),
+    "reward_var": ("return", lambda x: x.var(dim=1)),
+    "reward_mean": ("return", lambda x: x.mean(dim=1)),
+    "success_std": ("success", lambda x: x.std(dim=1)),
+    "entropy": ("entropy", lambda x: x.mean(dim=1)),
+    "entropy_std": ("entropy", lambda x: x.std(dim=1)),
+    "length": ("length", lambda x: x.mean(dim=1)),
 }
-STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "quantile", "none")
+SCORE_KINDS = tuple(SCORES)
+SCORE_INPUTS = {kind: quantity for kind, (quantity, _) in SCORES.items()}
+_SPREADS = ("reward_std", "reward_var", "success_std", "entropy_std")  # need 2 rollouts per group
 TOP_P_MODES = ("linear", "softmax")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 _ZERO = 1e-10  # the reference's threshold for a "zero-score" group
@@ -71,58 +84,157 @@ _ZERO = 1e-10  # the reference's threshold for a "zero-score" group
 def group_scores(values: torch.Tensor, kind: str = "reward_std") -> torch.Tensor:
     """Per-group score [G] from a per-rollout quantity [G, K] (K rollouts of group g in row g).
 
-    reward_*: pass episode returns. `entropy` / `entropy_std`: pass each rollout's mean token
-    entropy; `length`: pass each rollout's response length. `*_std` is Bessel-corrected (the
-    reference's "RV"), `reward_var` its square; `reward_mean`, `entropy`, `length` are group means.
+    reward_*: pass episode returns; `success_std`: each rollout's binary outcome (1 solved, 0 not), so a
+    group that never succeeds scores 0 however its shaped returns vary. `entropy` / `entropy_std`: pass each
+    rollout's mean token entropy; `length`: pass each rollout's response length. `*_std` is
+    Bessel-corrected (the reference's "RV"), `reward_var` its square; `reward_mean`, `entropy`, `length`
+    are group means.
     """
-    if kind not in SCORE_KINDS:
-        raise ValueError(f"unknown filter.score {kind!r}; choose one of {SCORE_KINDS}")
+    if kind not in SCORES:
+        raise ValueError(f"filter.score={kind!r} is unknown. Fix: choose one of {', '.join(SCORE_KINDS)}")
     if values.dim() != 2:
         raise ValueError(f"group_scores expects [G, K] (groups × rollouts), got shape {tuple(values.shape)}")
     x = values.to(torch.float64)
     if not torch.isfinite(x).all():
         raise ValueError(f"group_scores: values for filter.score={kind!r} contain NaN or inf")
-    if kind in ("reward_std", "reward_var", "entropy_std"):
-        if x.shape[1] < 2:
-            raise ValueError(
-                f"filter.score={kind!r} needs at least 2 rollouts per group, got K={x.shape[1]}; "
-                "raise the group size or use filter.strategy=none"
-            )
-        return x.var(dim=1) if kind == "reward_var" else x.std(dim=1)
-    return x.mean(dim=1)
+    if kind in _SPREADS and x.shape[1] < 2:
+        raise ValueError(
+            f"filter.score={kind!r} needs at least 2 rollouts per group, got K={x.shape[1]}; "
+            "raise the group size or use filter.strategy=none"
+        )
+    return SCORES[kind][1](x)
 
 
-def _validate(strategy: str, value: float, mode: str, eps: float, bands: int) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown filter.strategy {strategy!r}; choose one of {STRATEGIES}")
-    if strategy == "none":
-        return
+@dataclass(frozen=True)
+class Candidates:
+    """What a strategy chooses from: the groups that may be kept (every group with ``include_zero``, else
+    those with a non-zero score), ranked."""
+
+    index: torch.Tensor  # [C] their group ids
+    scores: torch.Tensor  # [C] their scores, float64
+    key: torch.Tensor  # [C] the ranking key, descending is best: the scores, negated when largest=False
+    order: torch.Tensor  # [C] local indices by key, descending; equal keys keep group order
+    groups: int  # G, every group (top_k's fraction counts them all)
+    largest: bool
+    mode: str
+    eps: float
+    bands: int
+
+    def mask(self, chosen: torch.Tensor) -> torch.Tensor:
+        """[G] bool: the candidates at local indices ``chosen`` kept."""
+        keep = torch.zeros(self.groups, dtype=torch.bool, device=self.index.device)
+        keep[self.index[chosen]] = True
+        return keep
+
+
+def _finite(value: float) -> None:
     if not math.isfinite(value):
-        raise ValueError(f"filter.value must be finite, got {value}")
-    if strategy == "top_p":
-        if mode not in TOP_P_MODES:
-            raise ValueError(f"unknown filter.mode {mode!r} for top_p; choose one of {TOP_P_MODES}")
-        if value <= 0:
-            raise ValueError(f"filter.value for top_p must be > 0 (>= 1 keeps every group), got {value}")
-        if eps < 0:
-            raise ValueError(f"filter.eps must be >= 0, got {eps}")
-    elif strategy == "top_k" and not 0 < value <= 1:
-        raise ValueError(f"filter.value for top_k is a fraction of groups in (0, 1], got {value}")
-    elif strategy == "top_k_abs" and (value < 1 or value != int(value)):
-        raise ValueError(f"filter.value for top_k_abs is a whole number of groups >= 1, got {value}")
-    elif strategy == "min_p" and not 0 < value <= 1:
-        raise ValueError(f"filter.value for min_p must be in (0, 1], got {value}")
-    elif strategy == "quantile":
-        if isinstance(bands, bool) or not float(bands).is_integer() or bands < 1:
-            raise ValueError(
-                f"filter.bands={bands!r}: quantile splits the groups into this many equal-count bands, a "
-                "whole number >= 1. Fix: filter.bands=4 (quartiles)"
-            )
-        if not float(value).is_integer() or not 1 <= value <= bands:
-            raise ValueError(
-                f"filter.value={value}: quantile trains on one band of filter.bands={bands}, a whole number "
-                f"from 1 (the highest scores) to {bands}. Fix: filter.value=1"
-            )
+        raise ValueError(f"filter.value={value} is not finite. Fix: filter.value=0.9")
+
+
+def _top_p(c: Candidates, value: float) -> torch.Tensor:
+    """The shortest prefix of the ranking holding share ``value`` of the score (≥ 1: every candidate)."""
+    _finite(value)
+    if c.mode not in TOP_P_MODES:
+        raise ValueError(f"filter.mode={c.mode!r} is unknown. Fix: choose one of {', '.join(TOP_P_MODES)}")
+    if value <= 0:
+        raise ValueError(
+            f"filter.value={value}: top_p keeps the groups holding this share of the total score, a number "
+            "> 0 (≥ 1 keeps every group with a non-zero score). Fix: filter.value=0.9"
+        )
+    if c.eps < 0:
+        raise ValueError(f"filter.eps={c.eps} must be ≥ 0 (top_p's slack). Fix: filter.eps=0.01")
+    if value >= 1:
+        return c.mask(c.order)
+    if c.mode == "linear":
+        return c.mask(_top_p_linear(c.scores, c.order, value, c.eps))
+    warnings.warn(
+        "filter.mode=softmax: the softmax nucleus depends on the scale of the scores "
+        "(multiplying rewards by 10 keeps fewer groups); linear mode does not",
+        UserWarning,
+        stacklevel=3,
+    )
+    probs = torch.softmax(c.key, dim=0)[c.order]  # sorted descending
+    cut = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor([value], dtype=probs.dtype)))
+    return c.mask(c.order[: min(cut + 1, c.scores.numel())])
+
+
+def _first(c: Candidates, k: int) -> torch.Tensor:
+    """The k best candidates, at least one (none when there is no candidate)."""
+    return c.mask(c.order[: max(min(k, c.scores.numel()), 1)])
+
+
+def _top_k(c: Candidates, value: float) -> torch.Tensor:
+    """A fraction ``value`` of all groups, the best first."""
+    _finite(value)
+    if not 0 < value <= 1:
+        raise ValueError(
+            f"filter.value={value}: top_k keeps this fraction of the groups, in (0, 1]. Fix: filter.value=0.25"
+        )
+    return _first(c, int(value * c.groups))
+
+
+def _top_k_abs(c: Candidates, value: float) -> torch.Tensor:
+    """``value`` groups, the best first."""
+    _finite(value)
+    if value < 1 or value != int(value):
+        raise ValueError(
+            f"filter.value={value}: top_k_abs keeps this many groups, a whole number ≥ 1. Fix: filter.value=4"
+        )
+    return _first(c, int(value))
+
+
+def _min_p(c: Candidates, value: float) -> torch.Tensor:
+    """The groups scoring at least ``value`` of the best (largest=False: at most the least over ``value``)."""
+    _finite(value)
+    if not 0 < value <= 1:
+        raise ValueError(
+            f"filter.value={value}: min_p keeps the groups scoring at least this fraction of the best, in "
+            "(0, 1]. Fix: filter.value=0.5"
+        )
+    if c.scores.numel() == 0:
+        return c.mask(c.order)
+    if c.largest:
+        hit = c.scores >= c.scores.max() * value - _ZERO
+    else:
+        # The reference divides by (p + 1e-10), a no-op in its float32 and a guard we do not need
+        # (p > 0 is validated); in float64 it would drop the minimum itself at p = 1.
+        hit = c.scores <= c.scores.min() / value + _ZERO
+    return c.mask(hit.nonzero().squeeze(-1))
+
+
+def _quantile(c: Candidates, value: float) -> torch.Tensor:
+    """Band ``value`` of ``bands`` equal-count bands of the candidates, 1 = the best."""
+    _finite(value)
+    bands = c.bands
+    if isinstance(bands, bool) or not float(bands).is_integer() or bands < 1:
+        raise ValueError(
+            f"filter.bands={bands!r}: quantile splits the groups into this many equal-count bands, a "
+            "whole number >= 1. Fix: filter.bands=4 (quartiles)"
+        )
+    if not float(value).is_integer() or not 1 <= value <= bands:
+        raise ValueError(
+            f"filter.value={value}: quantile trains on one band of filter.bands={bands}, a whole number "
+            f"from 1 (the highest scores) to {bands}. Fix: filter.value=1"
+        )
+    return c.mask(_quantile_band(c.key, int(value), int(bands)))
+
+
+def _none(c: Candidates, value: float) -> torch.Tensor:
+    """Every group, zero-score ones included (the no-filter baseline)."""
+    return torch.ones(c.groups, dtype=torch.bool, device=c.index.device)
+
+
+#: filter.strategy -> its choice: (candidates, filter.value) -> keep [G]; each refuses a value it cannot
+#: use (ValueError). A new strategy is one function here and one conf/filter/<name>.yaml.
+STRATEGIES: dict[str, Callable[[Candidates, float], torch.Tensor]] = {
+    "top_p": _top_p,
+    "top_k": _top_k,
+    "top_k_abs": _top_k_abs,
+    "min_p": _min_p,
+    "quantile": _quantile,
+    "none": _none,
+}
 
 
 def _top_p_linear(cand_scores: torch.Tensor, order: torch.Tensor, p: float, eps: float) -> torch.Tensor:
@@ -142,7 +254,9 @@ def _quantile_band(key: torch.Tensor, band: int, bands: int) -> torch.Tensor:
     c = key.numel()
     n = min(bands, c)
     ascending = torch.sort(key, stable=True).indices  # [C] equal keys keep group order
-    which = n - torch.arange(c, device=key.device) * n // c  # [C] band of each ascending rank, 1 = top
+    which = n - torch.arange(c, device=key.device) * n // max(
+        c, 1
+    )  # [C] band of each ascending rank, 1 = top
     return ascending[which == band]
 
 
@@ -158,7 +272,10 @@ def select_groups(
     bands: int = 4,
 ) -> torch.Tensor:
     """Boolean keep-mask [G] over groups from their scores [G] (see the module docstring)."""
-    _validate(strategy, value, mode, eps, bands)
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"filter.strategy={strategy!r} is unknown. Fix: choose one of {', '.join(STRATEGIES)}"
+        )
     if scores.dim() != 1 or scores.numel() == 0:
         raise ValueError(
             f"select_groups expects a non-empty [G] score vector, got shape {tuple(scores.shape)}"
@@ -166,48 +283,13 @@ def select_groups(
     s = scores.detach().to(torch.float64)
     if not torch.isfinite(s).all():
         raise ValueError("select_groups: scores contain NaN or inf")
-    n_groups = s.numel()
-    if strategy == "none":
-        return torch.ones(n_groups, dtype=torch.bool, device=scores.device)
-    keep = torch.zeros(n_groups, dtype=torch.bool, device=scores.device)
-    cand = torch.arange(n_groups, device=scores.device)
+    index = torch.arange(s.numel(), device=scores.device)
     if not include_zero:
-        cand = cand[s.abs() > _ZERO]
-    if cand.numel() == 0:
-        return keep
-    cs = s[cand]  # [C] candidate scores
-    key = cs if largest else -cs  # rank by key, descending
+        index = index[s.abs() > _ZERO]
+    key = s[index] if largest else -s[index]
     order = torch.sort(key, descending=True, stable=True).indices  # [C]
-    if strategy == "top_p":
-        if value >= 1:
-            chosen = order
-        elif mode == "linear":
-            chosen = _top_p_linear(cs, order, value, eps)
-        else:
-            warnings.warn(
-                "filter.mode=softmax: the softmax nucleus depends on the scale of the scores "
-                "(multiplying rewards by 10 keeps fewer groups); linear mode does not",
-                UserWarning,
-                stacklevel=2,
-            )
-            probs = torch.softmax(key, dim=0)[order]  # sorted descending
-            cut = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor([value], dtype=probs.dtype)))
-            chosen = order[: min(cut + 1, cs.numel())]
-    elif strategy in ("top_k", "top_k_abs"):
-        k = int(value * n_groups) if strategy == "top_k" else int(value)
-        chosen = order[: max(min(k, cs.numel()), 1)]
-    elif strategy == "quantile":
-        chosen = _quantile_band(key, int(value), int(bands))
-    else:
-        if largest:
-            hit = cs >= cs.max() * value - _ZERO
-        else:
-            # The reference divides by (p + 1e-10), a no-op in its float32 and a guard we do not need
-            # (p > 0 is validated); in float64 it would drop the minimum itself at p = 1.
-            hit = cs <= cs.min() / value + _ZERO
-        chosen = hit.nonzero().squeeze(-1)
-    keep[cand[chosen]] = True
-    return keep
+    candidates = Candidates(index, s[index], key, order, s.numel(), largest, mode, eps, bands)
+    return STRATEGIES[strategy](candidates, value)
 
 
 def extreme_rows(returns: torch.Tensor, fraction: float = 0.5) -> torch.Tensor:

@@ -42,8 +42,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.distributed.tensor import DTensor
 
-from ragen2.config import ConfigError
 from ragen2.distributed import Ranks
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.resume import rotated
 

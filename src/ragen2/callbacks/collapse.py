@@ -24,8 +24,8 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from ragen2.callbacks.diagnostics import MIDiagnostics, MIPass
-from ragen2.config import ConfigError
 from ragen2.diagnostics.regimes import CURVE, RegimeState, RegimeThresholds, evidence, step
+from ragen2.errors import ConfigError
 from ragen2.log import log
 
 ACTIONS = ("warn", "stop")

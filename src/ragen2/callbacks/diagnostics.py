@@ -46,12 +46,12 @@ from typing import Any
 import lightning as L
 import torch
 
-from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch
 from ragen2.data.contracts import held_policy
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
 from ragen2.diagnostics.metric import MIMetric
 from ragen2.diagnostics.regimes import PassMetrics
+from ragen2.errors import ConfigError
 
 MODES = ("first_turn", "trajectory", "per_turn")
 

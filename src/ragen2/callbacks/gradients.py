@@ -43,7 +43,6 @@ import numpy as np
 import torch
 
 from ragen2.algos.batching import micro_batch_share
-from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch
 from ragen2.diagnostics.gradients import (
     ALL,
@@ -53,6 +52,7 @@ from ragen2.diagnostics.gradients import (
     plot_buckets,
     rv_buckets,
 )
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.modules.policy import PolicyModule
 from ragen2.modules.update import Update, UpdateInputs

@@ -38,7 +38,6 @@ import torch
 from ragen2.agent.episode import Episode
 from ragen2.agent.runner import EpisodeRunner
 from ragen2.algos.filters import filter_stats
-from ragen2.config import ConfigError, settings
 from ragen2.data.batch import KeptShare, RolloutBatch, by_group, collate_episodes
 from ragen2.data.contracts import held_policy
 from ragen2.data.evaluation import evaluate, heldout_seeds, validation_metrics
@@ -48,11 +47,13 @@ from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.shaping import OverlongShaping
 from ragen2.distributed import Ranks
+from ragen2.errors import ConfigError
 from ragen2.models.loading import load_tokenizer
 from ragen2.models.placement import AUTOCAST
 from ragen2.models.weights import full_named_tensors, weights_version
 from ragen2.perf import phase_metrics, start_phase
 from ragen2.rollout.base import Sampler
+from ragen2.settings import settings
 
 # Dynamic sampling's later rounds draw instance and sampler seeds above both round 0's and the held-out
 # ones (ragen2.data.evaluation.VAL_SEED_OFFSET).

@@ -19,11 +19,12 @@ import lightning as L
 import torch
 
 from ragen2.agent.episode import Episode
-from ragen2.config import ConfigError, settings
 from ragen2.data.batch import collate_episodes
 from ragen2.data.demos import DemoConfig, check_solver, demonstrate, first_difference
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig
+from ragen2.errors import ConfigError
 from ragen2.models.loading import load_tokenizer
+from ragen2.settings import settings
 
 
 class DemoBatch(NamedTuple):

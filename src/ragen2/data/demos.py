@@ -26,11 +26,12 @@ from dataclasses import dataclass
 import ragen2_envs
 from ragen2_envs.base import TextEnv
 
+from ragen2 import CONF_DIR
 from ragen2.agent.episode import Episode
 from ragen2.agent.parsing import ACTION_SEP
 from ragen2.agent.runner import EpisodeRunner
-from ragen2.config import CONF_DIR, ConfigError
 from ragen2.data.rollout_config import EnvConfig
+from ragen2.errors import ConfigError
 from ragen2.rollout.scripted import Demonstrator
 
 #: demonstrations' instance seeds start here: above training's, DAPO's later rounds' and the held-out ones

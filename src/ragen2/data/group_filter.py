@@ -1,9 +1,11 @@
 """The SNR filter as a config object (``filter.*``): score each group of a batch, select, report (docs/method.md §4).
 
 Each score type reduces its own per-rollout quantity (``ragen2.algos.filters.SCORE_INPUTS``): episode
-returns for ``reward_*``, the mean next-token entropy the sampler recorded over the rollout's sampled
+returns for ``reward_*``, each rollout's binary outcome (``Episode.success``) for ``success_std``, the mean next-token entropy the sampler recorded over the rollout's sampled
 positions for ``entropy*``, the rollout's sampled tokens for ``length``. The selection itself is the
 pure ``select_groups``; this object holds the knobs and refuses values that cannot work at construction.
+With ``monitor`` the filter only reports: ``filter/*`` describe the groups it would keep, and every group
+trains.
 
 Two levels, composed: ``select`` chooses groups (one decision over every rank's gathered scores), and
 ``rows`` chooses rollouts within each group: all of them by default, or with ``trajectory_fraction`` < 1
@@ -37,8 +39,8 @@ from ragen2.algos.filters import (
     group_scores,
     select_groups,
 )
-from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch, by_group, ungroup
+from ragen2.errors import ConfigError
 
 
 def _entropies(batch: RolloutBatch) -> torch.Tensor:
@@ -56,6 +58,7 @@ ROLLOUT_VALUES: dict[str, Callable[[RolloutBatch], torch.Tensor]] = {
     "return": lambda batch: batch.returns,
     "entropy": _entropies,
     "length": lambda batch: torch.tensor([ep.sampled_tokens for ep in batch.episodes], dtype=torch.float64),
+    "success": lambda batch: torch.tensor([float(ep.success) for ep in batch.episodes], dtype=torch.float64),
 }
 
 
@@ -65,11 +68,12 @@ class GroupFilter:
     Within kept groups, ``trajectory_fraction`` < 1 keeps only the rollouts with the most extreme returns."""
 
     score: str = "reward_std"
-    """reward_std (the reference's "RV") | reward_var | reward_mean | entropy | entropy_std | length."""
+    """reward_std (the reference's "RV") | reward_var | reward_mean | success_std (the std of the binary
+    outcome: with shaped rewards, a group that never succeeds scores 0) | entropy | entropy_std | length."""
     strategy: str = "top_p"
     """top_p | top_k | top_k_abs | min_p | quantile | none."""
     value: float = 0.9
-    """top_p: the share of the total score to keep, in (0, 1]; top_k: a fraction of groups; top_k_abs: a
+    """top_p: the share of the total score to keep, > 0 (≥ 1 keeps every candidate); top_k: a fraction of groups; top_k_abs: a
     count; min_p: the fraction of the best score; quantile: the band, 1 (highest scores) … ``bands``."""
     mode: str = "linear"
     """top_p: linear (recommended) | softmax (depends on the scale of the scores)."""
@@ -84,16 +88,13 @@ class GroupFilter:
     trajectory_fraction: float = 1.0
     """The share of each kept group's rollouts the update trains on, in (0, 1]: the most extreme returns,
     half from the top and half from the bottom (at least one of each); 1 trains on every rollout."""
+    monitor: bool = False
+    """Report only: ``filter/*`` describe the groups the filter would keep, and every group trains."""
 
     def __post_init__(self) -> None:
         if self.score not in SCORE_KINDS:
             raise ConfigError(
                 f"filter.score={self.score!r} is unknown. Fix: choose one of {', '.join(SCORE_KINDS)}"
-            )
-        if self.strategy == "top_p" and not 0 < self.value <= 1:
-            raise ConfigError(
-                f"filter.value={self.value}: top_p keeps the groups holding this share of the total score, "
-                "a number in (0, 1] (1 keeps every group with a non-zero score). Fix: filter.value=0.9"
             )
         if not 0 < self.trajectory_fraction <= 1:
             raise ConfigError(
@@ -101,7 +102,7 @@ class GroupFilter:
                 "trained on, in (0, 1] (1 trains on every rollout). Fix: filter.trajectory_fraction=0.5 "
                 "(the paper's trajectory-level control) or 1"
             )
-        try:  # validates strategy/value/mode/eps/bands once (and warns once for softmax mode)
+        try:  # the strategy's own check of value/mode/eps/bands, once (and warns once for softmax mode)
             select_groups(
                 torch.ones(2), self.strategy, self.value, mode=self.mode, eps=self.eps, bands=self.bands
             )
@@ -120,7 +121,8 @@ class GroupFilter:
 
     def select(self, scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """[G] scores -> (keep [G], filter/* stats): one decision over every group it is given (across
-        ranks, the iteration's gathered scores)."""
+        ranks, the iteration's gathered scores); under ``monitor`` every group is kept and the stats
+        describe the decision."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # already warned at construction
             keep = select_groups(
@@ -133,7 +135,7 @@ class GroupFilter:
                 largest=self.largest,
                 bands=self.bands,
             )
-        return keep, filter_stats(scores, keep)
+        return (torch.ones_like(keep) if self.monitor else keep), filter_stats(scores, keep)
 
     def rows(self, batch: RolloutBatch) -> torch.Tensor:
         """[B] bool: the rows the update may train on within their groups (every row unless

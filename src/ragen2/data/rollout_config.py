@@ -14,8 +14,9 @@ from typing import Any
 import ragen2_envs
 
 from ragen2.agent.runner import DEFAULT_STEP_TIMEOUT_S, AgentConfig, EpisodeRunner
-from ragen2.config import ConfigError, check_type, shown, unknown_key
+from ragen2.errors import ConfigError
 from ragen2.rollout.base import Sampler, SamplingParams
+from ragen2.settings import check_type, shown, unknown_key
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class EnvConfig:
     """``env.*``: the environment, its constructor's knobs and the agent's limits on it."""
 
     id: str
-    """A registered ragen2 environment id (``ragen2_envs.ENV_IDS``), e.g. ragen2/Sokoban-v0."""
+    """An environment id: one of ragen2's own (``ragen2_envs.ENV_IDS``, e.g. ragen2/Sokoban-v0), or one a
+    package outside ragen2 registers (``ragen2_envs.registry``: the ``ragen2.envs`` entry points,
+    ``gymnasium.register``, ``<module>:<id>``)."""
     max_turns: int = 5
     """Turns per episode: the env's own limit, capped by ``max_turns_cap`` (conf/env/*.yaml)."""
     max_actions_per_turn: int = 2
@@ -35,11 +38,10 @@ class EnvConfig:
     (``rollout/env_timeouts``). 0 or null: no limit."""
 
     def __post_init__(self) -> None:
-        if self.id not in ragen2_envs.ENV_IDS:
-            raise ConfigError(
-                f"env.id={self.id!r} is not a ragen2 environment. Fix: env=<name> (conf/env/), or an id of "
-                f"{', '.join(sorted(ragen2_envs.ENV_IDS))}"
-            )
+        try:
+            ragen2_envs.env_class(self.id)
+        except ragen2_envs.UnknownEnvError as err:
+            raise ConfigError(str(err)) from None
         AgentConfig(  # checks all three
             max_turns=self.max_turns,
             max_actions_per_turn=self.max_actions_per_turn,

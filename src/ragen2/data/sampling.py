@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ragen2.agent.episode import Episode
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 __all__ = ["DynamicSampling", "regroup"]
 

@@ -27,7 +27,7 @@ import torch
 
 from ragen2.agent.episode import Episode, Turn
 from ragen2.algos.losses import overlong_penalty
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 __all__ = ["OverlongShaping"]
 

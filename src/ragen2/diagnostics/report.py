@@ -34,10 +34,10 @@ from torch import Tensor
 
 from ragen2.agent.episode import Episode
 from ragen2.agent.reasoning import reasoning_ids
-from ragen2.config import ConfigError
 from ragen2.diagnostics.cross_scoring import CrossScores, cross_score
 from ragen2.diagnostics.mi import mi_metrics, per_token, true_rank
 from ragen2.diagnostics.regimes import Regime
+from ragen2.errors import ConfigError
 from ragen2.log import log
 
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from ragen2.config import ConfigError, settings
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.loading import load_model
 from ragen2.models.lora import LoRAConfig
+from ragen2.settings import settings
 
 POLICY_PREFIX = "policy."
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save has written zip archives since torch 1.6

@@ -32,12 +32,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
 
-from ragen2.config import ConfigError, settings
-from ragen2.models.lora import LoRAConfig, skeleton
+from ragen2.errors import ConfigError
+from ragen2.models.lora import LoRAConfig
+from ragen2.settings import settings
 
 BUILTIN = "builtin"
 TINY = "tiny"
@@ -159,6 +161,15 @@ _BUILT_IN = {
     TINY: (_TINY_DIR, _build_tiny),
     TINY_QWEN2: (_TINY_QWEN2_DIR, _build_tiny_qwen2),
 }
+
+
+def skeleton(name_or_path: str) -> Any:
+    """The model's modules on the meta device: its structure, no weights read or allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 ADAPTER = "default"  # PEFT's name of the one adapter a run trains
 INIT_SEED = 0  # the adapters' A matrices are drawn from this seed, whatever the global RNG holds
@@ -127,17 +127,6 @@ class LoRAConfig:
     def attach(self, model: Any, source: str) -> Any:
         """``model`` itself (same class, same tensors) with trainable adapters injected, the rest frozen."""
         return self.wrap(model, source).get_base_model()
-
-
-def skeleton(name_or_path: str) -> Any:
-    """The model's modules on the meta device: its structure, no weights read or allocated."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from ragen2.models.loading import resolve_model_path
-
-    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
 
 
 def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:

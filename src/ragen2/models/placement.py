@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 #: trainer.precision -> the autocast dtype forwards run under (none: the weights' own dtype)
 AUTOCAST: dict[str, torch.dtype] = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}

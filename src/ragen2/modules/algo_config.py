@@ -15,10 +15,11 @@ from typing import Any
 from ragen2.algos.filters import LOSS_SCALINGS
 from ragen2.algos.kl import KL_KINDS
 from ragen2.algos.losses import AGG_MODES
-from ragen2.config import ConfigError, settings
+from ragen2.errors import ConfigError
 from ragen2.modules.critic import Critic
 from ragen2.modules.estimators import AdvantageEstimator, KLInReward
 from ragen2.modules.objectives import PolicyObjective
+from ragen2.settings import settings
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from torch import nn
 
 from ragen2.algos.logprobs import masked_mean
 from ragen2.algos.losses import value_loss
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 from ragen2.models.loading import load_model
 from ragen2.models.lora import LoRAConfig
 from ragen2.models.value import position_values, zero_head

@@ -17,8 +17,8 @@ import torch
 
 from ragen2.algos.advantages import Reduce, bilevel_gae, gae, same, whiten
 from ragen2.algos.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
-from ragen2.config import ConfigError
 from ragen2.data.batch import RolloutBatch
+from ragen2.errors import ConfigError
 
 REWARDS = {"turn": "turn_rewards", "episode": "token_rewards"}
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 
 LossOut = tuple[torch.Tensor, dict[str, torch.Tensor]]
 

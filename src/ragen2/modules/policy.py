@@ -39,9 +39,9 @@ from typing import Any, cast
 import lightning as L
 import torch
 
-from ragen2.config import ConfigError, settings
 from ragen2.data.batch import RolloutBatch
 from ragen2.distributed import Ranks
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.loading import ModelConfig
 from ragen2.models.lora import adapters_off, has_adapters
@@ -50,6 +50,7 @@ from ragen2.modules.critic import Critic
 from ragen2.modules.run_state import KEY, RunState, migrate
 from ragen2.modules.update import Update, build_optimizer
 from ragen2.perf import phase_metrics, start_phase
+from ragen2.settings import settings
 
 REF_PREFIX = "ref_policy."
 

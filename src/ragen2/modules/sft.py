@@ -22,11 +22,12 @@ import lightning as L
 import torch
 
 from ragen2.algos.logprobs import masked_mean
-from ragen2.config import ConfigError, settings
 from ragen2.data.demo_datamodule import DemoBatch
+from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.loading import ModelConfig
 from ragen2.modules.update import clip, token_scores
+from ragen2.settings import settings
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 from ragen2.models.weights import full_named_tensors, weights_version
 from ragen2.rollout.base import FinishReason, PromptMeta, Sample, SamplingParams
 

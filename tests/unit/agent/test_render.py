@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ragen2.agent import AgentConfig, ChatRenderer, EpisodeRunner, check_chat_template, template_fragments
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 from ragen2.rollout import SamplingParams
 
 SYSTEM = "You push boxes.\nActions: Up, Down, Left, Right."

@@ -18,8 +18,9 @@ import torch
 
 from ragen2.callbacks import CollapseMonitor
 from ragen2.callbacks.diagnostics import MIPass
-from ragen2.config import ConfigError, build, compose
+from ragen2.config import build, compose
 from ragen2.diagnostics.regimes import PassMetrics, Regime, RegimeState, RegimeThresholds, classify
+from ragen2.errors import ConfigError
 
 STATE_KEY = "CollapseMonitor{'mode': 'first_turn'}"
 FAST = (

@@ -15,8 +15,9 @@ from helpers import episode, turn
 from hydra.utils import instantiate
 
 from ragen2.callbacks import GradientBuckets
-from ragen2.config import ConfigError, compose
+from ragen2.config import compose
 from ragen2.data.batch import RolloutBatch, collate_episodes
+from ragen2.errors import ConfigError
 from ragen2.modules import PolicyModule
 
 K = 4  # samples per group

@@ -27,9 +27,10 @@ from ragen2.callbacks.diagnostics import (
     trajectory_rows,
     turn_rows,
 )
-from ragen2.config import ConfigError, compose
+from ragen2.config import compose
 from ragen2.data import RolloutBatch
 from ragen2.diagnostics.regimes import PassMetrics
+from ragen2.errors import ConfigError
 
 ALL = ["first_turn", "trajectory", "per_turn"]
 

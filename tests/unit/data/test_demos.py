@@ -13,10 +13,10 @@ from ragen2_envs.frozenlake import FrozenLakeEnv
 
 from ragen2.agent import ChatRenderer, parse_turn
 from ragen2.agent.runner import AgentConfig, EpisodeRunner, system_prompt, user_message
-from ragen2.config import ConfigError
 from ragen2.data import DemoConfig, EnvConfig, RolloutConfig, collate_episodes, demonstrate
 from ragen2.data.demos import DEFAULT_REPLY, check_solver, demo_seeds, demonstrable_envs, first_difference
 from ragen2.data.evaluation import heldout_seeds
+from ragen2.errors import ConfigError
 from ragen2.rollout.base import SamplingParams
 from ragen2.rollout.scripted import Demonstrator, ScriptedSampler
 

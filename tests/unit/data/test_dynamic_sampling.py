@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from ragen2.agent.episode import Episode
-from ragen2.config import ConfigError
 from ragen2.data import DynamicSampling, GroupFilter, RolloutBatch, RolloutDataModule, collate_episodes
 from ragen2.data.batch import by_group
 from ragen2.data.sampling import regroup
 from ragen2.distributed import Ranks
+from ragen2.errors import ConfigError
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
 
 ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}

@@ -10,9 +10,10 @@ import pytest
 from hydra.utils import instantiate
 from ragen2_envs.sokoban.env import SokobanEnv
 
-from ragen2.config import CONF_DIR, ConfigError, build, compose
+from ragen2.config import CONF_DIR, build, compose
 from ragen2.data import GroupFilter, RolloutDataModule
 from ragen2.data.batch import by_group
+from ragen2.errors import ConfigError
 from ragen2.rollout.scripted import ScriptedSampler
 
 CONF_FILES = sorted((CONF_DIR / "env").glob("*.yaml"))

@@ -12,10 +12,10 @@ import pytest
 import torch
 from helpers import episode, turn
 
-from ragen2.config import ConfigError
 from ragen2.data import GroupFilter, RolloutDataModule, collate_episodes
 from ragen2.data.batch import RolloutBatch, by_group, ungroup
 from ragen2.distributed import Ranks
+from ragen2.errors import ConfigError
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
 
 ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}
@@ -142,6 +142,17 @@ def test_group_level_row_counts_are_the_kept_groups(tmp_path: Path) -> None:
     assert m["filter/kept_rows"] == 4 * m["filter/kept"] == batch.kept_rows.numel()
     assert m["filter/kept_row_ratio"] == m["filter/kept_ratio"]
     assert batch.keep_rows.all()
+
+
+def test_monitor_trains_on_every_group_and_logs_the_selection() -> None:
+    filtered = _dm(GroupFilter()).rollout(0)
+    watched = _dm(GroupFilter(monitor=True)).rollout(0)  # the same scripted rollouts
+    assert torch.equal(watched.group_scores, filtered.group_scores)
+    assert 0 < filtered.metrics["filter/kept"] < 4  # the filter drops groups here ...
+    for key in ("filter/kept", "filter/kept_ratio", "filter/score_mean", "filter/kept_score_mean"):
+        assert watched.metrics[key] == filtered.metrics[key]  # ... and monitor reports the same choice
+    assert watched.keep.all() and watched.kept_rows.numel() == 16  # while every group trains
+    assert watched.metrics["filter/kept_rows"] == 16 and watched.metrics["filter/kept_row_ratio"] == 1.0
 
 
 class _Mirror(Ranks):

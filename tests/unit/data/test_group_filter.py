@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import episode, turn
 
-from ragen2.config import ConfigError
+from ragen2.algos import filters
 from ragen2.data.batch import collate_episodes
 from ragen2.data.group_filter import GroupFilter
+from ragen2.errors import ConfigError
 
 
 def _batch(returns: list[list[float]], lengths: list[list[int]], entropies: list[list[float]]):
@@ -79,9 +82,68 @@ def test_group_filter_validates_at_construction() -> None:
         GroupFilter(score="variance")
     with pytest.raises(ConfigError, match="filter.strategy"):
         GroupFilter(strategy="top_q")
-    for bad in (0.0, 1.5, -0.2):
-        with pytest.raises(ConfigError, match=rf"filter.value={bad}.*\(0, 1\]"):
+    for bad in (0.0, -0.2):
+        with pytest.raises(ConfigError, match=rf"^filter.value={bad}: top_p .*> 0 .*Fix: filter.value=0.9$"):
             GroupFilter(value=bad)
     with pytest.warns(UserWarning, match="depends on the scale"):
         GroupFilter(mode="softmax")
     torch.testing.assert_close(GroupFilter(value=1.0)(_batch(**BATCH))[0], torch.tensor([True, False, False]))
+
+
+def test_top_p_at_or_above_one_keeps_every_candidate() -> None:
+    # one place decides (the strategy): value ≥ 1 is the reference's "keep every candidate", not an error
+    batch = _batch([[1.0, 1.0], [0.0, 2.0], [0.0, 0.2]], [[1, 1]] * 3, [[0.0, 0.0]] * 3)
+    for value in (1.0, 1.5):
+        assert GroupFilter(value=value)(batch)[0].tolist() == [
+            False,
+            True,
+            True,
+        ]  # the zero-score group drops
+
+
+def _sokoban_like() -> object:
+    """Three groups of four rollouts with Sokoban's shaped returns (−0.1 a move, ±1 a box on or off a target,
+    +10 solved) and their outcomes: group 0 never solves but pushes boxes about, group 1 solves half the
+    time, group 2 always solves."""
+    returns = [[-0.5, 0.6, -1.2, 0.3], [10.4, -0.8, 10.2, -0.5], [10.3, 10.5, 10.1, 10.6]]
+    solved = [[False] * 4, [True, False, True, False], [True] * 4]
+    episodes = [
+        dataclasses.replace(episode(g, [turn([1, 2], [3], reward=r)], sample=k), success=ok)
+        for g, (rs, oks) in enumerate(zip(returns, solved))
+        for k, (r, ok) in enumerate(zip(rs, oks))
+    ]
+    return collate_episodes(episodes, num_groups=3, pad_id=0)
+
+
+def test_success_std_drops_an_all_fail_group_that_reward_std_keeps() -> None:
+    batch = _sokoban_like()
+    keep, scores, _ = GroupFilter(score="reward_std", value=1.0)(batch)
+    assert scores[0] > 0.5 and keep.tolist() == [True, True, True]  # the failures' shaped returns vary
+    keep, scores, stats = GroupFilter(score="success_std", value=1.0)(batch)
+    assert scores.tolist() == pytest.approx([0.0, (1 / 3) ** 0.5, 0.0])  # std of [1, 0, 1, 0], Bessel
+    assert keep.tolist() == [False, True, False] and stats["zero_score"] == 2
+    # the default top_p 0.9 as well: by returns the all-fail group holds score enough to be kept
+    assert GroupFilter(score="reward_std")(batch)[0][0]
+    assert not GroupFilter(score="success_std")(batch)[0][0]
+
+
+def test_monitor_reports_the_selection_and_keeps_every_group() -> None:
+    batch = _batch([[1.0, 1.0], [0.0, 2.0], [0.0, 0.2]], [[1, 1]] * 3, [[0.0, 0.0]] * 3)
+    keep, scores, stats = GroupFilter()(batch)
+    watched, watched_scores, watched_stats = GroupFilter(monitor=True)(batch)
+    assert keep.tolist() == [False, True, False] and watched.tolist() == [True, True, True]
+    assert torch.equal(scores, watched_scores)
+    assert watched_stats == stats and watched_stats["kept"] == 1  # filter/* describe what would be kept
+
+
+def test_a_new_strategy_is_one_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    def lowest(c: filters.Candidates, value: float) -> torch.Tensor:
+        if value != 1:
+            raise ValueError(f"filter.value={value}: lowest keeps one group. Fix: filter.value=1")
+        return c.mask(c.order[-1:])
+
+    monkeypatch.setitem(filters.STRATEGIES, "lowest", lowest)
+    batch = _batch([[1.0, 1.0], [0.0, 2.0], [0.0, 0.2]], [[1, 1]] * 3, [[0.0, 0.0]] * 3)
+    assert GroupFilter(strategy="lowest", value=1)(batch)[0].tolist() == [False, False, True]
+    with pytest.raises(ConfigError, match=r"^filter.value=2: lowest keeps one group"):
+        GroupFilter(strategy="lowest", value=2)

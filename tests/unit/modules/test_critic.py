@@ -8,7 +8,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from ragen2.config import ConfigError, build, compose
+from ragen2.config import build, compose
+from ragen2.errors import ConfigError
 from ragen2.models.value import position_values
 from ragen2.modules import Critic, OutcomeAdvantage, PolicyModule
 from ragen2.modules.estimators import GAEAdvantage

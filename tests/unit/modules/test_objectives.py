@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 from ragen2.modules.objectives import LossTerms, TokenRatioLoss
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ragen2.algos.losses import tis_weights
-from ragen2.config import ConfigError
 from ragen2.distributed import ONE_PROCESS
+from ragen2.errors import ConfigError
 from ragen2.models.loading import load_model
 from ragen2.modules.update import Update, _logprob_gap
 from unit.modules.test_update import make_algo, make_batch, own_logp

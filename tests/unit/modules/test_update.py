@@ -13,12 +13,13 @@ from helpers import episode, turn
 from hydra.utils import instantiate
 from poisoned import PoisonedLoss
 
-from ragen2.config import build, compose, settings
+from ragen2.config import build, compose
 from ragen2.data.batch import KeptShare, RolloutBatch, collate_episodes
 from ragen2.models.loading import load_model
 from ragen2.modules.algo_config import AlgoConfig
 from ragen2.modules.run_state import RunState
 from ragen2.modules.update import NonFiniteUpdate, Update, build_optimizer
+from ragen2.settings import settings
 
 PROMPT = [11, 12, 13, 14]
 # group 0 returns (1, 0, 0, 0) with responses of 2, 3, 3, 3 tokens; group 1 (0, 1, 1, 0) with 3 tokens each

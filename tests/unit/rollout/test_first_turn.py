@@ -9,11 +9,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 import ragen2.diagnostics.report as report
-from ragen2.config import build, compose, settings
+from ragen2.config import build, compose
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig
 from ragen2.rollout import Sampler
 from ragen2.rollout.first_turn import FirstTurnSampler, sample_first_turns
 from ragen2.rollout.scripted import ScriptedSampler
+from ragen2.settings import settings
 
 # two moves that do not reach the goal: an episode that got more turns would go on after turn 1
 NOT_DONE = ["plan</think><answer>Left</answer>"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ragen2.algos.logprobs import sampled_logprobs
-from ragen2.config import ConfigError
+from ragen2.errors import ConfigError
 from ragen2.models.forward import decoder_hidden, lm_head
 from ragen2.models.weights import full_named_tensors, weights_version
 from ragen2.rollout import SamplingParams
