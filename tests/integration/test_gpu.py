@@ -20,11 +20,20 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny_qwen2"])  # SmolLM2's tokenizer; Qwen2.5's and its vocabulary
+@pytest.mark.parametrize(
+    "model",
+    [
+        "tiny",
+        "tiny_qwen2",
+        "tiny model/lora=default",
+    ],  # SmolLM2's tokenizer; Qwen2.5's; LoRA adapters on bf16
+)
 def test_one_bf16_iteration_on_gpu(train: Callable, model: str) -> None:
+    name, *lora = model.split()
     metrics, _ = train(
         [
-            f"model={model}",
+            f"model={name}",
+            *lora,
             "trainer=gpu",
             "rollout=hf",
             "filter=none",
