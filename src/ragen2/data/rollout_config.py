@@ -90,8 +90,9 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature (0 = greedy); the update scores log-probs at the same temperature."""
     top_p: float = 1.0
+    """Nucleus sampling: sample from the fewest tokens holding this share of the probability (1 = off)."""
     top_k: int = 0
-    """0 = off."""
+    """Sample from the k most likely tokens (0 = off)."""
     max_context: int = 4096
     """Prompt + response tokens the model may hold; an episode that would exceed it ends as truncated."""
     format_penalty: float = -0.1
@@ -150,12 +151,13 @@ class ValConfig:
     """``val.*``: held-out evaluation during training (greedy success, sampled pass@k)."""
 
     every_n_iterations: int = 0
-    """0 = no validation."""
+    """Validate after every n-th iteration (0 = no validation)."""
     num_seeds: int = 8
     """Held-out instances (disjoint from every training seed)."""
     samples: int = 4
     """Sampled rollouts per instance, for pass@k."""
     k: int = 4
+    """The k of pass@k (unbiased, from an instance's ``samples`` rollouts; k ≤ samples)."""
 
     def __post_init__(self) -> None:
         for key in ("every_n_iterations", "samples"):

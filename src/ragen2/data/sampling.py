@@ -33,7 +33,9 @@ class DynamicSampling:
     """Roll out up to ``max_rounds`` rounds of groups until ``rollout.groups`` informative ones are found."""
 
     max_rounds: int = 4
-    atol: float = 1e-6  # groups whose returns span ≤ atol count as all-equal (float32 ulp at 1 ≈ 6e-8)
+    """Rounds of ``rollout.groups`` groups rolled out at most per iteration; a shortfall is logged."""
+    atol: float = 1e-6
+    """A group whose returns span ≤ atol counts as all-equal (float32's ulp at 1 is about 6e-8)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 1:

@@ -43,9 +43,13 @@ class OverlongShaping:
     """
 
     cache_len: int
+    """The band before ``max_len`` over which the penalty grows (0 = a hard cut at max_len)."""
     penalty: float = 1.0
+    """The penalty at ``max_len`` and beyond (≥ 0: the turn's reward gains −penalty)."""
     max_len: int | None = None
+    """The turn length of the full penalty (null = ``rollout.max_new_tokens``)."""
     filter: bool = True
+    """Drop turns cut at the token limit from the loss mask."""
 
     def __post_init__(self) -> None:
         if self.cache_len < 0:

@@ -29,7 +29,9 @@ class OptimConfig:
     lr: float = 1e-6
     """Learning rate of the policy."""
     weight_decay: float = 0.01
+    """AdamW's decoupled weight decay of the policy's parameters."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (β1, β2): the decay rates of its gradient and squared-gradient averages, each in [0, 1)."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many optimizer steps (0 = none)."""
     grad_clip: float = 1.0
@@ -80,6 +82,7 @@ class AlgoConfig:
     name: str = ""
     """A label for logs and run names."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The policy's optimizer (``algo.optim.lr`` …)."""
     loss_agg: str = "token-mean"
     """How token terms become one loss: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm."""
     loss_norm: float | None = None

@@ -39,7 +39,9 @@ class SFTConfig:
     batch_size: int = 8
     """Demonstration episodes per step."""
     lr: float = 1e-4
+    """Learning rate (AdamW)."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps (0 = none)."""
     grad_clip: float = 1.0
