@@ -24,6 +24,7 @@ from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.models.checkpoint import POLICY_PREFIX, read_checkpoint
 from ragen2.models.loading import skeleton
+from ragen2.models.lora import LoRAConfig
 from ragen2.modules.run_state import KEY
 from ragen2.settings import shown
 
@@ -47,7 +48,7 @@ def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
             f"(env.id={saved_env.get('id')}), or ckpt_path=null in a new run folder to start afresh on {env['id']}"
         )
     _check_critic(cfg, state["state_dict"], where, run.get("algo"))
-    _check_shapes(str(cfg.model.name_or_path), state["state_dict"], where, (run.get("model") or {}))
+    _check_shapes(cfg.model, state["state_dict"], where, (run.get("model") or {}))
     rollout = {k: v for k, v in _plain(cfg.rollout).items() if k != "sampler"}
     changed = [
         *_differences("env", saved_env, env),
@@ -122,12 +123,17 @@ def _check_critic(cfg: DictConfig, weights: Mapping[str, Any], where: str, saved
 
 
 def _check_shapes(
-    name_or_path: str, weights: Mapping[str, Any], where: str, saved_model: Mapping[str, Any]
+    model_cfg: DictConfig, weights: Mapping[str, Any], where: str, saved_model: Mapping[str, Any]
 ) -> None:
     """The checkpoint's policy weights against the configured model's, built on the meta device (shapes, no
-    memory, no weights read)."""
+    memory, no weights read), with its LoRA adapters when it has them: a checkpoint holds no frozen
+    parameter, so under LoRA it holds the adapters only."""
+    name_or_path = str(model_cfg.name_or_path)
     model = skeleton(name_or_path)
-    expected = {POLICY_PREFIX + k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if model_cfg.get("lora") is not None:
+        model = LoRAConfig(**_plain(model_cfg.lora)).attach(model, f"model.name_or_path={name_or_path!r}")
+    frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
+    expected = {POLICY_PREFIX + k: tuple(v.shape) for k, v in model.state_dict().items() if k not in frozen}
     held = {k: tuple(v.shape) for k, v in weights.items() if k.startswith(POLICY_PREFIX)}
     tied = {POLICY_PREFIX + k for k in getattr(model, "_tied_weights_keys", None) or ()}
     problems = [

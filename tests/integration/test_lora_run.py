@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ragen2.config import compose
+from ragen2.errors import ConfigError
 from ragen2.models.loading import load_model
 from ragen2.models.lora import LoRAConfig, has_adapters
 from ragen2.train import run
@@ -167,3 +168,14 @@ def test_a_resumed_lora_run_equals_the_run_that_went_on(lora_ckpt: Path, tmp_pat
     for key in ("rollout/return", "filter/kept", "train/loss", "train/kl", "train/grad_norm"):
         assert resumed[key] == straight[key], key
     assert float(straight["train/kl"]) > 0  # the second iteration's policy is off the base
+
+
+def test_a_lora_checkpoint_does_not_continue_as_a_full_model(lora_ckpt: Path, tmp_path: Path) -> None:
+    """The resume check builds the configured model with its adapters: without them, the checkpoint's
+    adapter tensors are not in the model, one line before anything loads."""
+    overrides = [o for o in FAST if o != "model/lora=default"]
+    cfg = compose([*overrides, "iterations=2", f"ckpt_path={lora_ckpt}"], run_dir=str(tmp_path / "run"))
+    with pytest.raises(
+        ConfigError, match=r"holds the weights of another model .*lora_A.* is not in the model"
+    ):
+        run(cfg)
