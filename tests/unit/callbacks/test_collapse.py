@@ -270,6 +270,13 @@ class Report(L.Callback):
         with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as f:
             json.dump(out, f)
 
+    def teardown(self, trainer, pl_module, stage):
+        # a spawned rank that exits with its gloo group alive can abort in the group's destructor
+        # ("terminate called without an active exception", SIGABRT), failing the run after it finished
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
 
 if __name__ == "__main__":
     L.Trainer(
