@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from scipy import stats
+from ragen2.grids.stats import ci95, spearman
 
 MI, H = "diag/first_turn/mi_est_seq", "diag/first_turn/cond_entropy_seq"
 LOG2 = math.log(2.0)
@@ -57,13 +57,11 @@ def read_run(folder: Path) -> dict[str, object]:
 
 
 def t_interval(values: list[float]) -> dict[str, float | int | None]:
-    """Mean and two-sided 95 % Student t interval (None bounds for fewer than 2 values)."""
-    n = len(values)
-    mean = statistics.fmean(values) if values else math.nan
-    if n < 2:
-        return {"n": n, "mean": mean, "low": None, "high": None}
-    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
+    """Mean and two-sided 95 % Student t interval (``ragen2.grids.stats.ci95``; None bounds for fewer than
+    2 values)."""
+    ci = ci95(values)
+    bound = {k: None if math.isnan(v) else v for k, v in (("low", ci.low), ("high", ci.high))}
+    return {"n": len(values), "mean": ci.mean, **bound}
 
 
 def passes(run: dict[str, object]) -> list[tuple[int, float, float]]:
@@ -162,7 +160,7 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
     result["b2"] = b2
     points = [p for r in none for p in zero_share_vs_mi_change(r)]
     if len(points) >= 3:
-        rho, p_two = stats.spearmanr([s for s, _ in points], [d for _, d in points])
+        rho, p_two = spearman([s for s, _ in points], [d for _, d in points])
         p_less = p_two / 2 if rho < 0 else 1 - p_two / 2
         verdict = "supported" if rho <= -0.3 and p_less < 0.05 else "refuted" if rho >= 0 else "inconclusive"
         result["b3"] = {"n": len(points), "rho": float(rho), "p_one_sided": float(p_less), "verdict": verdict}
