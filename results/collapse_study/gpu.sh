@@ -14,11 +14,11 @@ CHUNK_S=${CHUNK_S:-540}
 ITERATIONS=${ITERATIONS:-150}
 PY=${PYTHON:-python}
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-ENV=(env=frozenlake env.kwargs.size=3 env.kwargs.p=0.8 env.kwargs.observation=coord max_turns_cap=3
+ENV=(env=frozenlake env.kwargs.size=3 env.kwargs.p=0.8 env.kwargs.observation=coord max_turns_cap=5
   rollout.max_new_tokens=48)
 WARM="$STUDY/warmstart/model"
 start=$(date +%s)
-[ -f "$WARM/warmstart.json" ] || "$PY" -m ragen2.warmstart "${ENV[@]}" demos.episodes=384 sft.steps=48 seed=0 \
+[ -f "$WARM/warmstart.json" ] || "$PY" -m ragen2.warmstart "${ENV[@]}" demos.episodes=1152 sft.steps=144 seed=0 \
   trainer.precision=bf16-mixed hydra.run.dir="$STUDY/warmstart" || exit 1
 arms=("algo=grpo filter=top_p seed=0" "algo=grpo filter=top_p seed=1" "algo=grpo filter=top_p seed=2"
   "algo=grpo filter=none seed=0" "algo=grpo filter=none seed=1" "algo=grpo filter=none seed=2")

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The collapse study on this machine (PROTOCOL.md): the warm start, then filter top_p | none × seeds 0-2, one
-# run after another, each resuming from its own last.ckpt, so a stage can stop anywhere (STAGE_S seconds of
+# The collapse study on this machine (PROTOCOL.md): the warm start, then seeds 0-2 × filter top_p | none, one
+# run after another (pair by pair), each resuming from its own last.ckpt, so a stage can stop anywhere (STAGE_S seconds of
 # runs, default 2.5 h) and the next stage continues where it stopped. Needs ragen2 installed (the README's
 # command 1). After each stage:
 #   ragen2-aggregate $STUDY/runs --pair filter=top_p,none --out results/collapse_study
@@ -17,19 +17,20 @@ MI_EVERY=${MI_EVERY:-4}
 MODEL=${MODEL:-builtin}
 FILTERS=${FILTERS:-top_p none}
 SEEDS=${SEEDS:-0 1 2}
-DEMO_STEPS=${DEMO_STEPS:-48}
-DEMO_EPISODES=${DEMO_EPISODES:-384}
+DEMO_STEPS=${DEMO_STEPS:-144}
+DEMO_EPISODES=${DEMO_EPISODES:-1152}
 read -ra EXTRA <<<"${EXTRA:-}"
 PY=${PYTHON:-python}
-ENV=(env=frozenlake env.kwargs.size=3 env.kwargs.p=0.8 env.kwargs.observation=coord max_turns_cap=3
+ENV=(env=frozenlake env.kwargs.size=3 env.kwargs.p=0.8 env.kwargs.observation=coord max_turns_cap=5
   rollout.max_new_tokens=48)
 WARM="$STUDY/warmstart/model"
 [ -f "$WARM/warmstart.json" ] || "$PY" -m ragen2.warmstart "${ENV[@]}" model.name_or_path="$MODEL" \
   demos.episodes="$DEMO_EPISODES" sft.steps="$DEMO_STEPS" seed=0 hydra.run.dir="$STUDY/warmstart"
 start=$(date +%s)
 i=0
-for filter in $FILTERS; do
-  for seed in $SEEDS; do
+# pair by pair (seed 0's arms, then seed 1's, ...), so a stage that stops leaves whole pairs behind it
+for seed in $SEEDS; do
+  for filter in $FILTERS; do
     run="$STUDY/runs/$i"
     i=$((i + 1))
     [ -f "$run/done" ] && continue
