@@ -140,3 +140,29 @@ class ScriptLM(torch.nn.Module):
         logits = torch.full((*input_ids.shape, self.vocab_size), -20.0)
         logits[:, -1, :].scatter_(-1, torch.tensor(nxt)[:, None], 20.0)
         return SimpleNamespace(logits=logits, past_key_values=state)
+
+
+def trajectory_grid(
+    groups: int = 4, size: int = 2, turns: int = 3, seed: int = 0, first_valid: bool = True
+) -> list[tuple[tuple[tuple[int, ...], tuple[int, ...] | None], ...]]:
+    """Hand-built MI trajectories (``ragen2.diagnostics.sampling.Trajectory``) over a 128-token vocabulary:
+    the rollouts of a group share turn 1's X; each later X is the previous X + its own Z + an observation,
+    as the token contract builds it. Every Z has 4 ids and all are distinct; ``first_valid=False`` leaves
+    turn 1 without a valid Z."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(3, 128, (n,), generator=gen).tolist())
+
+    system = ids(6)
+    out = []
+    for g in range(groups):
+        first = (*system, 1, g + 3, 2)
+        for _ in range(size):
+            x, traj = first, []
+            for t in range(turns):
+                z = ids(4) if first_valid or t > 0 else None
+                traj.append((x, z))
+                x = (*x, *(z or ids(4)), *ids(3))
+            out.append(tuple(traj))
+    return out

@@ -1,8 +1,9 @@
 """``CollapseMonitor``: the regime of each MI pass, logged as ``diag/regime``, and the template-collapse alarm.
 
-After every iteration it reads the MI callback's ``last_pass`` (``MIDiagnostics``: the ``mode`` curve's
-``PassMetrics``); on iterations with a pass it advances the classifier of ``ragen2.diagnostics.regimes``
-and logs ``diag/regime`` (the declared regime's code: 0 healthy, 1 template collapse, 2 compressed,
+After every iteration it reads the iteration's ``MIPass`` from the module's ``Findings`` (left there by
+``MIDiagnostics`` before the update; the ``mode`` curve's ``PassMetrics``); on iterations with a pass it
+advances the classifier of ``ragen2.diagnostics.regimes``, leaves its ``RegimeReading`` in the findings
+(the summary line shows it) and logs ``diag/regime`` (the declared regime's code: 0 healthy, 1 template collapse, 2 compressed,
 3 collapsed) and ``diag/regime_raw`` (the pass on its own, before patience). When input dependence is
 first declared lost (template collapse, or collapsed reached directly) it warns once with the evidence,
 the pass's numbers against the first pass's and the thresholds; with ``on_collapse: stop`` it also ends
@@ -17,14 +18,15 @@ stop together even if their metrics differed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from ragen2.callbacks.diagnostics import MIDiagnostics, MIPass
-from ragen2.diagnostics.regimes import CURVE, RegimeState, RegimeThresholds, evidence, step
+from ragen2.diagnostics.findings import held_findings
+from ragen2.diagnostics.mi_pass import MIPass
+from ragen2.diagnostics.regimes import CURVE, RegimeReading, RegimeState, RegimeThresholds, evidence, step
+from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
 from ragen2.log import log
 
@@ -66,14 +68,12 @@ class CollapseMonitor(L.Callback):
     def state_key(self) -> str:
         return self._generate_state_key(mode=self.mode)  # one monitor per curve can coexist
 
-    def observe(self, last_pass: MIPass | None, iteration: int) -> dict[str, float]:
-        """Advance on the MI callback's latest pass if it is this iteration's and has the ``mode`` curve;
-        returns what to log (empty without such a pass)."""
-        now = (
-            None if last_pass is None or last_pass.iteration != iteration else last_pass.curves.get(self.mode)
-        )
+    def observe(self, mi: MIPass | None, iteration: int) -> RegimeReading | None:
+        """Advance on ``mi`` if it is this iteration's pass and has MI on the ``mode`` curve; returns what
+        was read (None without such a pass)."""
+        now = None if mi is None or mi.iteration != iteration else mi.regime_input(self.mode)
         if now is None:
-            return {}
+            return None
         before = self.state.regime
         result = step(self.state, now, self.thresholds)
         self.state = result.state
@@ -92,20 +92,20 @@ class CollapseMonitor(L.Callback):
             )
         elif result.changed:
             _info("regime at iteration %d: %s → %s", iteration, before.label, self.state.regime.label)
-        return {"diag/regime": float(self.state.regime), "diag/regime_raw": float(result.raw)}
+        return RegimeReading(iteration, self.state.regime, result.raw)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # Lightning's callback connector sets Trainer.callbacks without declaring it
-        callbacks = trainer.callbacks  # pyright: ignore[reportAttributeAccessIssue]
-        logged = self.observe(_last_pass(callbacks), trainer.current_epoch)
-        if logged:
-            pl_module.log_dict(logged, on_step=True, on_epoch=False, batch_size=1)
+        findings = held_findings(pl_module)
+        reading = self.observe(None if findings is None else findings.mi, trainer.current_epoch)
+        if findings is not None and reading is not None:
+            findings.regime = reading
+            pl_module.log_dict(reading.as_metrics(), on_step=True, on_epoch=False, batch_size=1)
         if self.on_collapse == "stop":
             # a collective on every iteration, pass or not, so that no rank waits on another
-            local = bool(logged) and self.state.regime.alarm
-            if trainer.strategy.reduce_boolean_decision(local, all=False):
+            local = reading is not None and reading.declared.alarm
+            if Ranks.current().any(local):
                 if not local:
                     _warn(
                         "stopping after iteration %d: another rank declared input dependence lost",
@@ -122,11 +122,6 @@ class CollapseMonitor(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.state = RegimeState.from_dict(state_dict)
-
-
-def _last_pass(callbacks: Sequence[L.Callback]) -> MIPass | None:
-    """The MI callback's latest pass, or None in a run without one."""
-    return next((cb.last_pass for cb in callbacks if isinstance(cb, MIDiagnostics)), None)
 
 
 @rank_zero_only

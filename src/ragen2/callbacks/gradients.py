@@ -5,10 +5,10 @@ batch (every group, kept or not) and with no optimizer step: the groups are spli
 of within-group reward variance (``ragen2.diagnostics.gradients``: buckets, norm definitions, figure),
 and for each bucket the task term (the policy objective), the entropy term and the KL term (only when
 the loss has one: ``algo.kl_coef`` > 0 with its reference model) are back-propagated one at a time, each
-giving its pre-clip global gradient norm over the policy's parameters. The numbers join the iteration's
-metrics (``grad/<bucket>/<term>`` and ``_per_sample``, ``_per_token``; ``grad/<bucket>/{groups,
-samples, tokens, rv_mean, rv_min, rv_max}``; ``time/gradient_buckets``), so the module logs them with
-its own, and rank zero draws ``<run>/gradients/iteration_<n>.png``.
+giving its pre-clip global gradient norm over the policy's parameters. The numbers (``grad/<bucket>/<term>``
+and ``_per_sample``, ``_per_token``; ``grad/<bucket>/{groups, samples, tokens, rv_mean, rv_min, rv_max}``;
+``time/gradient_buckets``) are a ``GradientPass`` left in the module's ``Findings``, which the module logs
+with its own, and rank zero draws ``<run>/gradients/iteration_<n>.png``.
 
 The loss terms are the update's own (``ragen2.modules.update``: ``Update.prepare`` then
 ``Update.loss_terms``) under the weights that sampled the batch: every row is prepared as the first
@@ -44,8 +44,10 @@ import torch
 
 from ragen2.algos.batching import micro_batch_share
 from ragen2.data.batch import RolloutBatch
+from ragen2.diagnostics.findings import held_findings
 from ragen2.diagnostics.gradients import (
     ALL,
+    GradientPass,
     bucket_names,
     group_reward_variance,
     norm_metrics,
@@ -91,9 +93,11 @@ class GradientBuckets(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        findings = held_findings(pl_module)
         if not (
             isinstance(batch, RolloutBatch)
             and isinstance(pl_module, PolicyModule)
+            and findings is not None
             and self.due(batch.iteration)
         ):
             return
@@ -107,7 +111,7 @@ class GradientBuckets(L.Callback):
                 self._warned = True
             return
         metrics = self.measure(pl_module, batch)
-        batch.metrics.update(metrics)
+        findings.gradients = GradientPass(batch.iteration, metrics)
         if self.plot and trainer.is_global_zero:
             png = Path(trainer.default_root_dir) / "gradients" / f"iteration_{batch.iteration:05d}.png"
             plot_buckets(metrics, png, f"iteration {batch.iteration} · {pl_module.algo.name or 'algo'}")

@@ -1,16 +1,19 @@
 """One status line per iteration: what a researcher watches in a SLURM log (the ``ragen2`` logger).
 
-A number missing from the iteration is left out; the count of skipped non-finite optimizer steps
-(``train/nonfinite_steps``) shows only when there were some."""
+The numbers are the module's (``last_metrics``: the iteration's rollout, filter, MI and update numbers) and
+the latest regime reading of the module's ``Findings`` (``CollapseMonitor``), shown from the run's first
+MI pass on. The line is written at the end of the iteration (epoch), after every callback's batch-end
+hook, so it does not depend on the order of the callbacks. A number missing from the iteration is left
+out; the count of skipped non-finite optimizer steps (``train/nonfinite_steps``) shows only when there were
+some."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from ragen2.data.contracts import reported_metrics
+from ragen2.diagnostics.findings import held_findings
 from ragen2.log import log
 
 KEYS = (
@@ -38,12 +41,11 @@ WHEN_NONZERO = {"train/nonfinite_steps"}  # a warning sign, not a number to read
 
 class IterationSummary(L.Callback):
     @rank_zero_only
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         metrics = dict(reported_metrics(pl_module))
-        # callbacks that log on their own (the collapse monitor's diag/regime) land in callback_metrics
-        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k == "diag/regime"})
+        findings = held_findings(pl_module)
+        if findings is not None and findings.regime is not None:
+            metrics.update(findings.regime.as_metrics())
         shown = {k: v for k, v in metrics.items() if k not in WHEN_NONZERO or v != 0}
         parts = [f"{name} {fmt.format(shown[key])}" for name, key, fmt in KEYS if key in shown]
         log.info("iteration %d: %s", trainer.current_epoch, " | ".join(parts))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,6 +45,7 @@ import torch
 __all__ = [
     "ALL",
     "TERMS",
+    "GradientPass",
     "bucket_names",
     "group_reward_variance",
     "norm_metrics",
@@ -53,6 +55,17 @@ __all__ = [
 
 ALL = "all"
 TERMS = ("task", "entropy", "kl")
+
+
+@dataclass(frozen=True)
+class GradientPass:
+    """One iteration's gradients by bucket: ``grad/<bucket>/*`` and ``time/gradient_buckets``."""
+
+    iteration: int
+    metrics: Mapping[str, float]
+
+    def as_metrics(self) -> dict[str, float]:
+        return dict(self.metrics)
 
 
 def group_reward_variance(returns: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:

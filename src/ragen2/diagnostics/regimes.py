@@ -31,7 +31,6 @@ at or below 0.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -77,7 +76,7 @@ REGIME_TABLE: tuple[tuple[int, str, str, str, str], ...] = (
 """One row per regime, for docs/diagnostics.md and the report: code, name, the two axes, the reading."""
 
 KEYS = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
-"""The ``diag/<curve>/*`` metrics a pass is classified from."""
+"""The MI proxies (``MIMetric.compute``'s keys) a pass is classified from, in ``PassMetrics``' order."""
 
 CURVE = re.compile(r"first_turn|trajectory|turn_([2-9]|[1-9]\d+)")
 """Curves the MI pass logs: ``first_turn``, ``trajectory``, ``turn_<t>`` for t ≥ 2."""
@@ -90,16 +89,6 @@ class PassMetrics:
     cond_entropy: float  # H(Z|X), nats per token
     mi_zscore_ema: float  # mean (matched − marginal) / (EMA σ(marginal) + ε)
     retrieval_above_chance: float  # retrieval accuracy − 1/C
-
-    @classmethod
-    def read(cls, metrics: Mapping[str, float], curve: str = "first_turn") -> PassMetrics | None:
-        """The pass logged under ``diag/<curve>/`` in ``metrics``, or None when this iteration had none
-        (no pass due, or too few distinct prompts for MI) or a value is not finite."""
-        values = [metrics.get(f"diag/{curve}/{key}") for key in KEYS]
-        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-        if len(finite) < len(KEYS):
-            return None
-        return cls(*finite)
 
 
 @dataclass(frozen=True)
@@ -187,6 +176,19 @@ class Step:
     raw: Regime  # the pass on its own
     changed: bool  # the declared regime differs from the one before the pass
     alarm_began: bool  # input dependence was just declared lost for the first time in the run
+
+
+@dataclass(frozen=True)
+class RegimeReading:
+    """What ``CollapseMonitor`` found at one iteration's MI pass: the declared regime and the pass's own."""
+
+    iteration: int
+    declared: Regime  # after patience
+    raw: Regime  # the pass on its own
+
+    def as_metrics(self) -> dict[str, float]:
+        """``diag/regime`` and ``diag/regime_raw``."""
+        return {"diag/regime": float(self.declared), "diag/regime_raw": float(self.raw)}
 
 
 def step(state: RegimeState, now: PassMetrics, th: RegimeThresholds) -> Step:

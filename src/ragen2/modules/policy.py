@@ -40,6 +40,7 @@ import lightning as L
 import torch
 
 from ragen2.data.batch import RolloutBatch
+from ragen2.diagnostics.findings import Findings
 from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
 from ragen2.log import log
@@ -66,7 +67,8 @@ class PolicyModule(L.LightningModule):
 
     Declared attributes (``ragen2.data.contracts``): ``policy``, the causal LM being trained (the
     DataModule samples from it, callbacks score with it); ``last_metrics``, every metric the latest
-    iteration logged. ``critic`` is the PPO critic or None; ``ref_policy`` the frozen copy of the policy that
+    iteration logged; ``findings`` (``ragen2.diagnostics.findings``), what the diagnostic callbacks found,
+    whose passes before the update it logs with its own numbers. ``critic`` is the PPO critic or None; ``ref_policy`` the frozen copy of the policy that
     a KL term compares with, or None (no KL term, or LoRA: the reference is the policy with its adapters off);
     ``update`` the algorithm over them (``ragen2.modules.update.Update``), set once the models are built;
     ``stopped`` the ``RunStopped`` error that ended the run early, or None.
@@ -92,6 +94,7 @@ class PolicyModule(L.LightningModule):
         self.ref_policy: Any = None
         self.update: Update | None = None
         self.last_metrics: dict[str, float] = {}
+        self.findings = Findings()
         self.stopped: RunStopped | None = None
 
     # ---- model and optimizer ----------------------------------------------------------------
@@ -175,7 +178,11 @@ class PolicyModule(L.LightningModule):
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         start = time.perf_counter()
         start_phase(self.device)
-        metrics = {**batch.metrics, "train/iteration": float(batch.iteration)}
+        metrics = {
+            **batch.metrics,
+            **self.findings.before_update(batch.iteration),
+            "train/iteration": float(batch.iteration),
+        }
         # nothing kept on any rank, nothing to learn from
         if batch.kept_share().kept == 0:
             self._log({**metrics, **self._skip(batch.iteration)})

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from ragen2.callbacks import CollapseMonitor
-from ragen2.callbacks.diagnostics import MIPass
 from ragen2.config import build, compose
-from ragen2.diagnostics.regimes import PassMetrics, Regime, RegimeState, RegimeThresholds, classify
+from ragen2.diagnostics.mi_pass import CurvePass, MIPass
+from ragen2.diagnostics.regimes import KEYS, PassMetrics, Regime, RegimeState, RegimeThresholds, classify
 from ragen2.errors import ConfigError
 
 STATE_KEY = "CollapseMonitor{'mode': 'first_turn'}"
@@ -70,10 +70,8 @@ def saved_state(run_dir: str) -> RegimeState:
 
 
 def pass_of(row: dict[str, str]) -> PassMetrics:
-    metrics = {k: float(v) for k, v in row.items() if k.startswith("diag/first_turn/") and v != ""}
-    found = PassMetrics.read(metrics)
-    assert found is not None
-    return found
+    """The first-turn curve's regime numbers as the CSV logger wrote them (float32)."""
+    return PassMetrics(*(float(row[f"diag/first_turn/{key}"]) for key in KEYS))
 
 
 def train(run_dir: Path, overrides: Sequence[str]) -> tuple[dict[str, float], list[logging.LogRecord]]:
@@ -121,7 +119,12 @@ def test_a_curve_of_another_mode_is_accepted() -> None:
 
 
 def _pass(iteration: int, h: float, z: float, r: float, curve: str = "first_turn") -> MIPass:
-    return MIPass(iteration, {curve: PassMetrics(h, z, r)})
+    proxies = {"cond_entropy": h, "mi_zscore_ema": z, "retrieval_above_chance": r}
+    return MIPass(iteration, {curve: CurvePass(8, 8, 4, proxies)})
+
+
+def metrics_of(reading: object) -> dict[str, float]:
+    return {} if reading is None else reading.as_metrics()  # type: ignore[attr-defined]
 
 
 def test_stream_logs_regimes_on_passes_and_warns_once_with_the_evidence() -> None:
@@ -139,7 +142,7 @@ def test_stream_logs_regimes_on_passes_and_warns_once_with_the_evidence() -> Non
         None,  # 9: a run without an MI callback
     ]
     with records() as logged:
-        out = [monitor.observe(last_pass, iteration) for iteration, last_pass in enumerate(stream)]
+        out = [metrics_of(monitor.observe(mi, iteration)) for iteration, mi in enumerate(stream)]
     assert [o.get("diag/regime") for o in out] == [0.0, None, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, None, None]
     assert [o.get("diag/regime_raw") for o in out] == [0.0, None, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None, None]
     (warning,) = warnings_of(logged)
@@ -157,13 +160,15 @@ def test_stream_logs_regimes_on_passes_and_warns_once_with_the_evidence() -> Non
 
 def test_state_dict_round_trip_continues_the_stream() -> None:
     monitor = CollapseMonitor(patience=2)
-    for iteration, last_pass in enumerate((_pass(0, 2.0, 1.0, 0.4), _pass(1, 1.9, 0.1, 0.0))):
-        monitor.observe(last_pass, iteration)
+    for iteration, mi in enumerate((_pass(0, 2.0, 1.0, 0.4), _pass(1, 1.9, 0.1, 0.0))):
+        monitor.observe(mi, iteration)
     resumed = CollapseMonitor(patience=2)
     resumed.load_state_dict(monitor.state_dict())
     assert resumed.state == monitor.state and resumed.state.mi_streak == 1
     # the second template pass completes the streak begun before the checkpoint
-    assert resumed.observe(_pass(2, 1.9, 0.1, 0.0), 2)["diag/regime"] == float(Regime.TEMPLATE_COLLAPSE)
+    assert metrics_of(resumed.observe(_pass(2, 1.9, 0.1, 0.0), 2))["diag/regime"] == float(
+        Regime.TEMPLATE_COLLAPSE
+    )
 
 
 # ---- real tiny runs -------------------------------------------------------------------------------
@@ -233,19 +238,19 @@ import lightning as L
 import torch
 
 from ragen2.callbacks import CollapseMonitor
-from ragen2.callbacks.diagnostics import MIDiagnostics, MIPass
-from ragen2.diagnostics.regimes import PassMetrics
+from ragen2.diagnostics.findings import Findings
+from ragen2.diagnostics.mi_pass import CurvePass, MIPass
 
-HEALTHY = PassMetrics(cond_entropy=2.0, mi_zscore_ema=1.0, retrieval_above_chance=0.4)
-TEMPLATE = PassMetrics(cond_entropy=1.9, mi_zscore_ema=0.1, retrieval_above_chance=0.0)
+HEALTHY = {"cond_entropy": 2.0, "mi_zscore_ema": 1.0, "retrieval_above_chance": 0.4}
+TEMPLATE = {"cond_entropy": 1.9, "mi_zscore_ema": 0.1, "retrieval_above_chance": 0.0}
 
 
-class Streams(MIDiagnostics):
-    # each rank's own MI passes, as the MI callback hands them over: the monitor's whole input (the real
-    # pass gathers every rank's rollouts, so its ranks could never disagree)
+class Streams(L.Callback):
+    # each rank's own MI passes, left in the findings as the MI callback leaves them: the monitor's whole
+    # input (the real pass gathers every rank's rollouts, so its ranks could never disagree)
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         values = TEMPLATE if trainer.global_rank == 1 and trainer.current_epoch >= 2 else HEALTHY
-        self.last_pass = MIPass(trainer.current_epoch, {"first_turn": values})
+        pl_module.findings.mi = MIPass(trainer.current_epoch, {"first_turn": CurvePass(8, 8, 4, values)})
 
 
 class Module(L.LightningModule):
@@ -253,6 +258,7 @@ class Module(L.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.findings = Findings()
 
     def training_step(self, batch, batch_idx):
         pass
@@ -266,7 +272,7 @@ class Module(L.LightningModule):
 
 class Report(L.Callback):
     def on_train_end(self, trainer, pl_module):
-        out = {"epochs": trainer.current_epoch, "regime": int(trainer.callback_metrics["diag/regime"])}
+        out = {"epochs": trainer.current_epoch, "regime": int(pl_module.findings.regime.declared)}
         with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as f:
             json.dump(out, f)
 
@@ -284,7 +290,8 @@ if __name__ == "__main__":
         devices=2,
         strategy="ddp_spawn",
         max_epochs=6,
-        callbacks=[Streams(), CollapseMonitor(on_collapse="stop", patience=1), Report()],
+        # the monitor first: it reads what Streams leaves, whatever the order of the callbacks
+        callbacks=[CollapseMonitor(on_collapse="stop", patience=1), Streams(), Report()],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -1,4 +1,4 @@
-"""The MI pass as a callback: when it runs, where each mode samples, what it logs and checkpoints, and
+"""The MI pass as a callback: when it runs, what it measures, logs and checkpoints, where the pass goes, and
 the all-gather that makes every rank run the same pass."""
 
 from __future__ import annotations
@@ -6,30 +6,22 @@ from __future__ import annotations
 import io
 import json
 import math
-import random
-from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import trajectory_grid as grid
 from hydra.utils import instantiate
 
-from ragen2.agent.episode import Episode, Turn
 from ragen2.callbacks import MIDiagnostics
-from ragen2.callbacks.diagnostics import (
-    MIPass,
-    Trajectory,
-    curves,
-    gather_trajectories,
-    prefix_tree_size,
-    token_bound,
-    trajectories,
-    trajectory_rows,
-    turn_rows,
-)
 from ragen2.config import compose
 from ragen2.data import RolloutBatch
+from ragen2.diagnostics.findings import Findings
+from ragen2.diagnostics.mi_pass import CurvePass
 from ragen2.diagnostics.regimes import PassMetrics
+from ragen2.diagnostics.sampling import gather_trajectories
+from ragen2.distributed import ONE_PROCESS, Ranks
 from ragen2.errors import ConfigError
 
 ALL = ["first_turn", "trajectory", "per_turn"]
@@ -41,89 +33,17 @@ def batch() -> RolloutBatch:
     return instantiate(cfg.data).rollout(0)
 
 
-def grid(groups: int = 4, size: int = 2, turns: int = 3, seed: int = 0, first_valid: bool = True) -> list:
-    """Hand-built trajectories over a 128-token vocabulary: the rollouts of a group share turn 1's X;
-    each later X is the previous X + its own Z + an observation, as the token contract builds it.
-    Every Z has 4 ids and all are distinct; ``first_valid=False`` leaves turn 1 without a valid Z."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = lambda n: tuple(torch.randint(3, 128, (n,), generator=gen).tolist())  # noqa: E731
-    system = ids(6)
-    out: list[Trajectory] = []
-    for g in range(groups):
-        first = (*system, 1, g + 3, 2)
-        for _ in range(size):
-            x, traj = first, []
-            for t in range(turns):
-                z = ids(4) if first_valid or t > 0 else None
-                traj.append((x, z))
-                x = (*x, *(z or ids(4)), *ids(3))
-            out.append(tuple(traj))
-    return out
-
-
 def test_due_at_iteration_zero_and_every_n() -> None:
     assert [i for i in range(12) if MIDiagnostics(every_n_iterations=5).due(i)] == [0, 5, 10]
     assert not any(MIDiagnostics(enabled=False).due(i) for i in range(12))
     assert not any(MIDiagnostics(every_n_iterations=0).due(i) for i in range(12))
 
 
-def test_episodes_become_x_z_tuples() -> None:
-    def turn(x: list[int], z: list[int] | None) -> Turn:
-        return Turn(x, [9], None, "", "stop", "", True, [], [], 0.0, 0.0, z)
-
-    ep = Episode("e", 0, 0, 0, "", turns=[turn([1, 2], [3]), turn([1, 2, 3, 4], None), turn([5], [])])
-    assert trajectories([ep]) == [(((1, 2), (3,)), ((1, 2, 3, 4), None), ((5,), None))]
-
-
-def test_first_turn_and_turn_t_rows() -> None:
-    trajs = [
-        (((1,), (10,)), ((1, 10, 5), (11,))),
-        (((2,), None), ((2, 7, 5), (12,)), ((2, 7, 5, 12, 6), (13,))),
-        (((3,), (14,)),),
-    ]
-    rng = random.Random(0)
-    assert turn_rows(trajs, 1, 64, rng) == ([((1,), (10,)), ((3,), (14,))], 2)  # invalid Z left out
-    assert turn_rows(trajs, 2, 64, rng) == ([((1, 10, 5), (11,)), ((2, 7, 5), (12,))], 2)
-    assert turn_rows(trajs, 3, 64, rng) == ([((2, 7, 5, 12, 6), (13,))], 1)
-    assert turn_rows(trajs, 4, 64, rng) == ([], 0)
-    rows, valid = turn_rows(grid(4, 4), 2, 5, rng)  # a budget below the candidates: 5 distinct of 16
-    assert valid == 16 and len(rows) == 5 and len(set(rows)) == 5
-    assert curves(ALL, trajs) == ["first_turn", "trajectory", "turn_2", "turn_3"]
-    assert curves(["per_turn"], [trajs[2]]) == []  # nobody reached turn 2
-
-
-def test_trajectory_rows_pick_a_trajectory_then_a_valid_turn_uniformly() -> None:
-    trajs = [
-        (((1,), (10,)), ((1, 10, 5), None), ((1, 10, 5, 6), (11,))),  # turns 1 and 3 valid
-        (((2,), None), ((2, 7), None)),  # nothing valid: never drawn
-        (((3,), (12,)),),
-    ]
-    rows, valid = trajectory_rows(trajs, 64, random.Random(0))
-    assert valid == 2 and len(rows) == 2
-    assert rows[0] in (((1,), (10,)), ((1, 10, 5, 6), (11,))) and rows[1] == ((3,), (12,))
-    # the turn is uniform among the valid ones: 2000 draws, each share 1/2 ± 4 σ (σ = 0.011)
-    picks = Counter(trajectory_rows(trajs[:1], 1, random.Random(s))[0][0][1] for s in range(2000))
-    assert picks.keys() == {(10,), (11,)} and abs(picks[(10,)] / 2000 - 0.5) < 0.045
-    # the trajectory is uniform without replacement: a budget of 3 of 16 draws 3 distinct trajectories
-    many = grid(4, 4)
-    drawn, valid = trajectory_rows(many, 3, random.Random(1))
-    owners = {next(i for i, traj in enumerate(many) if row in traj) for row in drawn}
-    assert valid == 16 and len(owners) == 3
-
-
-def test_token_bound_by_hand() -> None:
-    # prompts (1,2,3), (1,2,4): prefix tree 1-2-{3,4} = 4 nodes; C = 2 columns; Σ|z| = 2 + 1 + 3 = 6
-    rows = [((1, 2, 3), (7, 8)), ((1, 2, 4), (9,)), ((1, 2, 3), (5, 5, 5))]
-    assert token_bound(rows) == 4 + 2 * 6
-    assert prefix_tree_size([(1, 2), (1, 2, 3), (1, 2)]) == 3  # a prefix of another costs nothing more
-    assert prefix_tree_size([(5,), (1, 2), (1, 3)]) == 4
-
-
 def test_columns_and_chance_per_mode(small_llama) -> None:
     # 4 groups × 2 rollouts × 3 turns, turn 1 without a valid Z: first-turn has no rows, and every other
     # row's X is its own rollout's history, so each row is its own column (chance 1/R, not 1/groups)
     callback = MIDiagnostics(modes=ALL, num_samples=64)
-    out = callback.measure_trajectories(small_llama, grid(first_valid=False), iteration=0)
+    out = callback.measure_trajectories(small_llama, grid(first_valid=False), iteration=0).as_metrics()
     assert out["diag/first_turn/valid_rows"] == 0 and "diag/first_turn/columns" not in out
     for curve in ("trajectory", "turn_2", "turn_3"):
         assert out[f"diag/{curve}/rows"] == out[f"diag/{curve}/columns"] == 8
@@ -134,7 +54,7 @@ def test_columns_and_chance_per_mode(small_llama) -> None:
     bound = out["diag/tokens_processed"] / out["diag/token_bound_ratio"]
     assert out["diag/tokens_processed"] == pytest.approx(bound - 3 * 8) and out["time/diagnostics"] > 0
     # with a valid turn 1, first-turn rows fall into the 4 groups' prompts
-    out = MIDiagnostics(modes=ALL, num_samples=64).measure_trajectories(small_llama, grid(), iteration=0)
+    out = MIDiagnostics(modes=ALL, num_samples=64).measure_trajectories(small_llama, grid(), 0).as_metrics()
     assert out["diag/first_turn/rows"] == 8 and out["diag/first_turn/columns"] == 4
     assert out["diag/first_turn/chance"] == 0.25
     assert out["diag/trajectory/rows"] == 8 and 4 <= out["diag/trajectory/columns"] <= 8
@@ -142,7 +62,7 @@ def test_columns_and_chance_per_mode(small_llama) -> None:
 
 def test_budget_per_mode_and_per_turn(small_llama) -> None:
     callback = MIDiagnostics(modes=ALL, num_samples={"first_turn": 3, "trajectory": 5, "per_turn": 6})
-    out = callback.measure_trajectories(small_llama, grid(), iteration=3)
+    out = callback.measure_trajectories(small_llama, grid(), iteration=3).as_metrics()
     assert out["diag/first_turn/rows"] == 3 and out["diag/trajectory/rows"] == 5
     assert out["diag/turn_2/rows"] == out["diag/turn_3/rows"] == 6
     assert out["diag/turn_2/valid_rows"] == 8
@@ -160,15 +80,15 @@ def test_each_curve_has_its_own_ema_and_survives_a_checkpoint(small_llama) -> No
     resumed = MIDiagnostics(modes=ALL)
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
     nxt = grid(seed=2)
-    a = callback.measure_trajectories(small_llama, nxt, iteration=5)
-    b = resumed.measure_trajectories(small_llama, nxt, iteration=5)
+    a = callback.measure_trajectories(small_llama, nxt, iteration=5).as_metrics()
+    b = resumed.measure_trajectories(small_llama, nxt, iteration=5).as_metrics()
     assert {k: v for k, v in a.items() if k.startswith("diag/")} == {
         k: v for k, v in b.items() if k.startswith("diag/")
     }
     # the layout before the other modes: only first_turn's EMA; it carries on, the rest start fresh
     old = MIDiagnostics(modes=ALL)
     old.load_state_dict({"first_turn": state["first_turn"]})
-    c = old.measure_trajectories(small_llama, nxt, iteration=5)
+    c = old.measure_trajectories(small_llama, nxt, iteration=5).as_metrics()
     assert c["diag/first_turn/mi_zscore_ema"] == a["diag/first_turn/mi_zscore_ema"]
     assert c["diag/trajectory/mi_zscore_ema"] == pytest.approx(c["diag/trajectory/mi_zscore"])
     assert c["diag/trajectory/mi_zscore_ema"] != a["diag/trajectory/mi_zscore_ema"]
@@ -178,23 +98,38 @@ def test_each_curve_has_its_own_ema_and_survives_a_checkpoint(small_llama) -> No
 
 def test_measure_on_a_real_batch(batch: RolloutBatch, tiny_model) -> None:
     callback = MIDiagnostics(num_samples=8)
-    out = callback.measure(tiny_model, batch)
+    found = callback.measure(tiny_model, batch)
+    out = found.as_metrics()
+    assert found.iteration == batch.iteration and list(found.curves) == ["first_turn"]  # first-turn only
     assert 2 <= out["diag/first_turn/columns"] <= 4 and out["diag/first_turn/valid_rows"] >= 8
     for key in ("mi_est", "cond_entropy", "retrieval_acc", "retrieval_chance@2", "mi_zscore_ema"):
         assert f"diag/first_turn/{key}" in out
     assert out["diag/first_turn/retrieval_chance"] == pytest.approx(1 / out["diag/first_turn/columns"])
-    assert not any(k.startswith(("diag/trajectory", "diag/turn_")) for k in out)  # first-turn only
-    # the typed pass the collapse monitor reads: the logged numbers of the curve, for this iteration
-    assert callback.last_pass == MIPass(batch.iteration, {"first_turn": PassMetrics.read(out)})
+    # what the collapse monitor reads: the curve's logged numbers, as an object
+    keys = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
+    assert found.regime_input("first_turn") == PassMetrics(*(out[f"diag/first_turn/{k}"] for k in keys))
+    assert found.regime_input("trajectory") is None  # a curve the pass lacks
 
 
 def test_a_batch_with_one_prompt_has_no_mi(batch: RolloutBatch, tiny_model) -> None:
     one_group = batch.select(batch.group_index.eq(0).nonzero().squeeze(-1))
-    callback = MIDiagnostics()
-    out = callback.measure(tiny_model, one_group)
+    found = MIDiagnostics().measure(tiny_model, one_group)
+    out = found.as_metrics()
     assert sorted(out) == ["diag/first_turn/valid_rows", "diag/tokens_processed", "time/diagnostics"]
     assert out["diag/tokens_processed"] == 0
-    assert callback.last_pass == MIPass(batch.iteration, {})  # a pass, but no curve to classify
+    assert found.curves == {"first_turn": CurvePass(valid_rows=out["diag/first_turn/valid_rows"])}
+    assert found.regime_input("first_turn") is None  # a pass, but no curve to classify
+
+
+def test_the_pass_goes_to_the_module_s_findings_not_the_batch(batch: RolloutBatch, tiny_model) -> None:
+    module = SimpleNamespace(policy=tiny_model, findings=Findings())
+    before = dict(batch.metrics)
+    MIDiagnostics(num_samples=8).on_train_batch_start(None, module, batch, 0)  # type: ignore[arg-type]
+    assert batch.metrics == before
+    assert module.findings.mi is not None and module.findings.mi.iteration == batch.iteration
+    logged = module.findings.before_update(batch.iteration)
+    assert logged["diag/first_turn/rows"] == 8 and "time/diagnostics" in logged
+    assert module.findings.before_update(batch.iteration + 1) == {}  # the next iteration had no pass
 
 
 @pytest.mark.parametrize(
@@ -245,8 +180,9 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
             )
         ).eval()
         local = grid(groups=2, seed=10 + rank)  # each rank rolled out different groups
-        gathered = gather_trajectories(local)
-        measured = MIDiagnostics(modes=ALL, num_samples=6).measure_trajectories(model, gathered, iteration=5)
+        gathered = gather_trajectories(local, Ranks.current())
+        found = MIDiagnostics(modes=ALL, num_samples=6).measure_trajectories(model, gathered, iteration=5)
+        measured = found.as_metrics()
         measured.pop("time/diagnostics")
         Path(out).write_text(json.dumps({"gathered": gathered, "metrics": measured}))
     finally:
@@ -263,7 +199,7 @@ def test_two_processes_gather_and_log_the_same_numbers(tmp_path: Path) -> None:
     assert results[0]["metrics"] == results[1]["metrics"]
     assert results[0]["metrics"]["diag/first_turn/columns"] == 4  # both ranks' groups are columns
     assert results[0]["metrics"]["diag/turn_2/valid_rows"] == 8  # 2 ranks × 2 groups × 2 rollouts
-    assert gather_trajectories(whole) is whole  # one process: nothing gathered, nothing changed
+    assert gather_trajectories(whole, ONE_PROCESS) == whole  # one process: nothing gathered, nothing changed
 
 
 def _ranks(rank: int, store: str, outs: list[str]) -> None:

@@ -83,6 +83,12 @@ def test_token_bound(model: LlamaForCausalLM) -> None:
     # and each distinct Z once per column: never above the bound
     assert cross_score(model, ROWS).tokens_processed <= 120
     assert token_bound([(1, 2, 3)], [4, 4]) == 3 + 8
+    # prompts (1,2,3), (1,2,4): prefix tree 1-2-{3,4} = 4 nodes; C = 2 columns; Σ|z| = 2 + 1 + 3 = 6
+    assert token_bound([(1, 2, 3), (1, 2, 4)], [2, 1, 3]) == 4 + 2 * 6
+    assert (
+        token_bound([(1, 2), (1, 2, 3)], []) == 3
+    )  # a prompt that is a prefix of another costs nothing more
+    assert token_bound([(5,), (1, 2), (1, 3)], []) == 4
 
 
 def test_scores_feed_mi_metrics(model: LlamaForCausalLM) -> None:

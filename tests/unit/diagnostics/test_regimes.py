@@ -7,8 +7,6 @@ chance 0.4). With the default fractions (0.5) the thresholds are H â‰¤ 1.0, z â‰
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from ragen2.diagnostics.regimes import (
@@ -167,20 +165,6 @@ def test_state_round_trips_through_a_plain_dict() -> None:
     # a resumed classifier continues exactly where the original would
     th = RegimeThresholds()
     assert step(RegimeState.from_dict(saved), COLLAPSED, th) == step(state, COLLAPSED, th)
-
-
-def test_read_takes_the_curve_s_three_keys() -> None:
-    metrics = {
-        "diag/trajectory/cond_entropy": 1.5,
-        "diag/trajectory/mi_zscore_ema": 0.3,
-        "diag/trajectory/retrieval_above_chance": 0.1,
-        "diag/first_turn/cond_entropy": 9.0,
-    }
-    assert PassMetrics.read(metrics, "trajectory") == PassMetrics(1.5, 0.3, 0.1)
-    assert PassMetrics.read(metrics, "first_turn") is None  # a curve with part of its keys: no pass
-    assert PassMetrics.read({}, "first_turn") is None
-    nan = {**metrics, "diag/trajectory/mi_zscore_ema": math.nan}
-    assert PassMetrics.read(nan, "trajectory") is None
 
 
 @pytest.mark.parametrize(

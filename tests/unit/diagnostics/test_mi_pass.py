@@ -1,0 +1,58 @@
+"""The typed MI pass: the one place it becomes logged numbers, what the regimes read of it, and the findings
+the module logs with its own numbers."""
+
+from __future__ import annotations
+
+import math
+
+from ragen2.diagnostics.findings import Findings, held_findings
+from ragen2.diagnostics.gradients import GradientPass
+from ragen2.diagnostics.mi_pass import CurvePass, MIPass
+from ragen2.diagnostics.regimes import PassMetrics, Regime, RegimeReading
+
+PROXIES = {"mi_est": 0.25, "cond_entropy": 1.5, "mi_zscore_ema": 0.3, "retrieval_above_chance": 0.1}
+
+
+def test_as_metrics_names_every_curve_s_numbers_and_the_cost() -> None:
+    found = MIPass(
+        iteration=5,
+        curves={"first_turn": CurvePass(12, 8, 4, PROXIES), "turn_2": CurvePass(1)},
+        tokens_processed=90,
+        token_bound=120,
+        seconds=2.5,
+    )
+    assert found.as_metrics() == {
+        "diag/first_turn/valid_rows": 12.0,
+        **{f"diag/first_turn/{k}": v for k, v in PROXIES.items()},
+        "diag/first_turn/rows": 8.0,
+        "diag/first_turn/columns": 4.0,
+        "diag/first_turn/chance": 0.25,
+        "diag/turn_2/valid_rows": 1.0,  # fewer than two distinct contexts: no MI, only what it could draw
+        "diag/tokens_processed": 90.0,
+        "diag/token_bound_ratio": 0.75,
+        "time/diagnostics": 2.5,
+    }
+    # nothing scored: no bound, so no ratio
+    assert "diag/token_bound_ratio" not in MIPass(0, {"first_turn": CurvePass(1)}).as_metrics()
+
+
+def test_the_regimes_read_three_finite_numbers_of_a_curve() -> None:
+    found = MIPass(3, {"trajectory": CurvePass(8, 8, 8, PROXIES), "first_turn": CurvePass(0)})
+    assert found.regime_input("trajectory") == PassMetrics(1.5, 0.3, 0.1)
+    assert found.regime_input("first_turn") is None  # no MI on the curve
+    assert found.regime_input("turn_2") is None  # no such curve
+    nan = CurvePass(8, 8, 8, {**PROXIES, "mi_zscore_ema": math.nan})
+    assert MIPass(3, {"trajectory": nan}).regime_input("trajectory") is None
+
+
+def test_findings_log_only_the_iteration_s_own_passes() -> None:
+    findings = Findings()
+    assert findings.before_update(0) == {}
+    findings.mi = MIPass(4, {"first_turn": CurvePass(2)}, seconds=1.0)
+    findings.gradients = GradientPass(5, {"grad/all/task": 0.5, "time/gradient_buckets": 3.0})
+    findings.regime = RegimeReading(4, Regime.TEMPLATE_COLLAPSE, Regime.COLLAPSED)
+    assert findings.before_update(4) == findings.mi.as_metrics()  # the regime is logged by its monitor
+    assert findings.before_update(5) == {"grad/all/task": 0.5, "time/gradient_buckets": 3.0}
+    assert findings.regime.as_metrics() == {"diag/regime": 1.0, "diag/regime_raw": 3.0}
+    assert held_findings(type("M", (), {"findings": findings})()) is findings
+    assert held_findings(object()) is None
