@@ -15,8 +15,8 @@ import torch
 from ragen2.agent.episode import Episode
 from ragen2.config import build, compose
 from ragen2.data import DynamicSampling, GroupFilter, IterationPlan, collect_iteration
-from ragen2.data.iteration import Collect
 from ragen2.data.batch import KeptShare, collate_episodes
+from ragen2.data.iteration import Collect
 from ragen2.data.rollout_log import RolloutLog
 from ragen2.models.loading import load_model
 
