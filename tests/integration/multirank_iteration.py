@@ -4,7 +4,7 @@
 
 Scripted responses through the real FrozenLake env and the tiny model's tokenizer; each group is rolled out
 with a sampler seed of its own instance seed, so a group's episodes are the same whichever rank holds it.
-Writes, per iteration (plain, DAPO's dynamic sampling), the rank's batch: its filter choice, kept share,
+Writes, for iteration 3 plain and with DAPO's dynamic sampling, the rank's batch: its filter choice, kept share,
 metrics and instance seeds, to ``<out.pt>.rank<r>``.
 """
 
@@ -39,7 +39,7 @@ def run(out: str) -> None:
     plain = data.plan()
     saved: dict[str, Any] = {}
     for name, plan in (("plain", plain), ("dynamic", dataclasses.replace(plain, sampling=DynamicSampling()))):
-        batch = collect_iteration(1, plan, collect, ranks)
+        batch = collect_iteration(3, plan, collect, ranks)  # round 0 of iteration 3 holds all-equal groups
         saved[name] = {
             "keep": batch.keep,
             "scores": batch.group_scores,

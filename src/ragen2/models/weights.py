@@ -55,6 +55,12 @@ def weights_version(model: Any) -> tuple[int, int]:
     return id(model), sum(p._version for p in model.parameters())
 
 
+def _sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def _tied_names(model: Any) -> set[str]:
     """State-dict names that alias another parameter (an LM head tied to the embeddings)."""
     seen: dict[int, str] = {}
@@ -81,9 +87,7 @@ class SamplingCopy:
     def __call__(self, policy: Any, dtype: torch.dtype | None = None) -> Any:
         """``policy``, or under FSDP its copy with the current weights, in ``dtype`` (the mixed precision's
         compute dtype; None: the policy's)."""
-        from torch.distributed.fsdp import FSDPModule
-
-        if not isinstance(policy, FSDPModule):
+        if not _sharded(policy):
             return policy
         if self.model is None:
             from transformers import AutoModelForCausalLM
