@@ -124,6 +124,7 @@ def rendered_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     set_defaults()
     from ragen2.config import build, compose
+    from ragen2.data.seeds import instance_seeds, sampler_seed
     from ragen2.rollout.base import Sample
 
     class Recorder:
@@ -146,7 +147,8 @@ def rendered_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for it in range(args.repeats):
         rec = Recorder(data.tokenizer.eos_token_id)
-        data.runner.collect(rec, data.train_seeds(it), args.group_size, sample_seed=data.sample_seed(it))
+        seeds = instance_seeds(data.seed, it, data.groups)
+        data.runner.collect(rec, seeds, args.group_size, sample_seed=sampler_seed(data.seed, it))
         groups = [rec.prompts[g * args.group_size : (g + 1) * args.group_size] for g in range(args.groups)]
         if any(p != g[0] for g in groups for p in g):
             raise SystemExit("a group's rollouts see different prompts: TRL's groups share one")

@@ -62,11 +62,10 @@ def _episode(global_group: int, local_group: int, sample: int, seed: int) -> Epi
 class FixedEpisodes(RolloutDataModule):
     """The real DataModule (seeds, global filter, metrics) over episodes fixed by their instance seeds."""
 
-    def _collect(self, iteration: int, round: int) -> list[Episode]:
-        seeds = self.train_seeds(iteration, round)
-        base = self.seed * 1_000_003 + iteration * self.groups
+    def collect(self, seeds: list[int], sample_seed: int) -> list[Episode]:
+        iteration, first = divmod(seeds[0] - self.seed * 1_000_003, self.groups)  # round 0's seeds
         return [
-            _episode(seed - base, g, k, seed + iteration * 1000)
+            _episode(first + g, g, k, seed + iteration * 1000)
             for g, seed in enumerate(seeds)
             for k in range(SIZE)
         ]

@@ -42,7 +42,7 @@ class FixedEpisodes(RolloutDataModule):
 
     fixed: list[Episode]
 
-    def _collect(self, iteration: int, round: int) -> list[Episode]:
+    def collect(self, seeds: list[int], sample_seed: int) -> list[Episode]:
         return self.fixed
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -14,8 +14,8 @@ from ragen2.agent.episode import Episode
 
 class KeptShare(NamedTuple):
     """This rank's kept rows among every rank's: where the update's mini-batches find them, and the
-    share of the iteration's rows trained (``algo.loss_scaling``). Counted once, by the DataModule.
-    A tuple, not a frozen dataclass: Lightning rebuilds the batch's fields when it moves it to a device."""
+    share of the iteration's rows trained (``algo.loss_scaling``, ``filter/kept_row_ratio``). Counted once,
+    by ``GroupFilter.select_across``."""
 
     first: int  # global index of this rank's first kept row (ranks in order)
     kept: int  # kept rows over every rank
@@ -28,9 +28,67 @@ class KeptShare(NamedTuple):
         return self.kept / self.rows
 
 
-@dataclass
+class Grouped(Protocol):
+    """What the filter reads of rollouts: each one's episode and return, and its group among G equal-sized
+    ones (a ``RolloutBatch``, or the ``Groups`` an iteration selects from before its batch exists)."""
+
+    @property
+    def episodes(self) -> list[Episode]: ...
+
+    @property
+    def returns(self) -> torch.Tensor: ...  # [B]
+
+    @property
+    def group_index(self) -> torch.Tensor: ...  # [B]
+
+    @property
+    def num_groups(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Episodes grouped for the filter: ``Grouped`` without the tensors of a batch."""
+
+    episodes: list[Episode]
+    returns: torch.Tensor  # [B] episode returns (turn rewards + format penalties + shaping)
+    num_groups: int
+
+    @classmethod
+    def of(cls, episodes: Sequence[Episode], num_groups: int, turn_terms: TurnTerms | None = None) -> Groups:
+        """The episodes with their returns (``turn_terms``: their shaping, as ``collate_episodes`` takes it)."""
+        return cls(list(episodes), episode_returns(episodes, turn_terms), num_groups)
+
+    @property
+    def group_index(self) -> torch.Tensor:
+        """[B] group of each episode, 0..G-1."""
+        return torch.tensor([ep.group for ep in self.episodes], dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the filter chose of a batch's groups: the groups and rows the update trains on, and the kept
+    share over every rank (None: the batch is the whole iteration)."""
+
+    keep: torch.Tensor  # [G] bool: groups the update trains on
+    scores: torch.Tensor  # [G] the filter's score per group
+    # [B] bool: rows the update may train on within kept groups (a trajectory-level filter's choice)
+    keep_rows: torch.Tensor
+    share: KeptShare | None = None
+
+    @classmethod
+    def everything(cls, num_groups: int, rows: int) -> Selection:
+        """Every group and row kept, unscored: a batch built by hand."""
+        return cls(
+            keep=torch.ones(num_groups, dtype=torch.bool),
+            scores=torch.zeros(num_groups, dtype=torch.float64),
+            keep_rows=torch.ones(rows, dtype=torch.bool),
+        )
+
+
+@dataclass(frozen=True)
 class RolloutBatch:
-    """One iteration's rollouts. B = groups × group_size episodes, T = the longest sequence."""
+    """One iteration's rollouts, built once (``collate_episodes``). B = groups × group_size episodes,
+    T = the longest sequence."""
 
     input_ids: torch.Tensor  # [B, T] final sequences, right-padded
     attention_mask: torch.Tensor  # [B, T] 1 on real tokens
@@ -50,21 +108,16 @@ class RolloutBatch:
     keep_rows: torch.Tensor
     episodes: list[Episode] = field(default_factory=list)
     iteration: int = 0
-    # this iteration's metrics from before the update: rollout/*, filter/*, time/* (the DataModule) and
-    # diag/* (callbacks that measure the batch); the module logs them with its own
+    # this iteration's metrics from before the update: rollout/*, filter/*, time/*, perf/rollout_*
+    # (``collect_iteration``); the module logs them with its own
     metrics: dict[str, float] = field(default_factory=dict)
-    # the kept rows counted over every rank (``RolloutDataModule`` sets it with its filter); None: this
-    # batch is the whole iteration (one process, a batch built by hand)
+    # the kept rows counted over every rank (``GroupFilter.select_across``); None: this batch is the whole
+    # iteration (one process, a batch built by hand)
     share: KeptShare | None = None
 
     @property
     def num_groups(self) -> int:
         return int(self.keep.numel())
-
-    @property
-    def kept_ratio(self) -> float:
-        """Fraction of the groups the filter kept."""
-        return int(self.keep.sum()) / self.keep.numel()
 
     def kept_share(self) -> KeptShare:
         """This rank's kept rows among every rank's (``share``, or this batch's own when it is unset)."""
@@ -76,6 +129,15 @@ class RolloutBatch:
     def kept_rows(self) -> torch.Tensor:
         """[B'] indices of the episodes the update trains on: in kept groups, and kept by ``keep_rows``."""
         return torch.nonzero(self.keep[self.group_index] & self.keep_rows, as_tuple=False).squeeze(-1)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch with its tensors on ``device`` (Lightning moves a batch through its ``to``)."""
+        moved = {
+            f.name: value.to(device)
+            for f in fields(self)
+            if isinstance(value := getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """A view on some episodes (rows), trimmed to their longest sequence."""
@@ -113,8 +175,11 @@ def collate_episodes(
     pad_id: int,
     iteration: int = 0,
     turn_terms: TurnTerms | None = None,
+    selection: Selection | None = None,
+    metrics: dict[str, float] | None = None,
 ) -> RolloutBatch:
-    """Lay episodes out as right-padded tensors; masks come from each turn's sampled span.
+    """Lay episodes out as right-padded tensors; masks come from each turn's sampled span. ``selection``
+    is the filter's choice (without one, every group and row is kept, unscored).
 
     Each turn's reward (+ penalty + its ``turn_terms`` reward) sits on its last sampled token and the
     episode return on the last sampled token still in the loss. A turn that leaves the loss hands its
@@ -123,6 +188,7 @@ def collate_episodes(
     """
     b = len(episodes)
     t = max(len(ep.token_ids) for ep in episodes)
+    chosen = selection or Selection.everything(num_groups, b)
     input_ids = torch.full((b, t), pad_id, dtype=torch.long)
     attention = torch.zeros((b, t), dtype=torch.long)
     loss_mask = torch.zeros((b, t), dtype=torch.float32)
@@ -130,7 +196,7 @@ def collate_episodes(
     sampler_lp = torch.full((b, t), math.nan, dtype=torch.float32)
     token_rewards = torch.zeros((b, t), dtype=torch.float32)
     turn_rewards = torch.zeros((b, t), dtype=torch.float32)
-    returns = torch.zeros(b, dtype=torch.float32)
+    returns = episode_returns(episodes, turn_terms)
     for i, ep in enumerate(episodes):
         ids = ep.token_ids
         input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
@@ -151,7 +217,6 @@ def collate_episodes(
             turn_index[i, turn.start : turn.end] = n
             anchor = turn.end - 1
             turn_rewards[i, anchor] = reward
-        returns[i] = ep.episode_return + sum(extra for extra, _ in terms)
         if anchor is not None:
             token_rewards[i, anchor] = returns[i]
     return RolloutBatch(
@@ -164,12 +229,21 @@ def collate_episodes(
         turn_rewards=turn_rewards,
         returns=returns,
         group_index=torch.tensor([ep.group for ep in episodes], dtype=torch.long),
-        group_scores=torch.zeros(num_groups, dtype=torch.float64),
-        keep=torch.ones(num_groups, dtype=torch.bool),
-        keep_rows=torch.ones(b, dtype=torch.bool),
+        group_scores=chosen.scores,
+        keep=chosen.keep,
+        keep_rows=chosen.keep_rows,
         episodes=list(episodes),
         iteration=iteration,
+        metrics=dict(metrics or {}),
+        share=chosen.share,
     )
+
+
+def episode_returns(episodes: Sequence[Episode], turn_terms: TurnTerms | None = None) -> torch.Tensor:
+    """[B] float32 episode returns: each episode's own plus its ``turn_terms`` rewards."""
+    extras = [0.0] * len(episodes) if turn_terms is None else [sum(x for x, _ in t) for t in turn_terms]
+    returns = [ep.episode_return + x for ep, x in zip(episodes, extras, strict=True)]
+    return torch.tensor(returns, dtype=torch.float32)
 
 
 def by_group(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:

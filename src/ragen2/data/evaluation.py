@@ -8,11 +8,12 @@
 - The env solver's success through the same agent protocol (``oracle/success``): the upper bound.
 - ``record`` gets one record per seed and phase (greedy, sampled, oracle) as soon as that seed's
   episodes have ended, for ``ragen2-eval`` to write out as they come.
-Validation logs the same numbers under ``val/`` (``validation_metrics``).
+Validation logs the same numbers under ``val/`` (``validation_metrics``, ``validation_rollout``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from ragen2.agent.episode import Episode
 from ragen2.agent.runner import EpisodeRunner
 from ragen2.data.metrics import rollout_metrics
+from ragen2.data.rollout_config import ValConfig
 from ragen2.rollout.base import Sampler
 from ragen2.rollout.scripted import ScriptedSampler
 
@@ -126,3 +128,14 @@ def validation_metrics(results: dict[str, float]) -> dict[str, float]:
         "val/sampled_success": results["sampled/success"],
         **{f"val/{k}": v for k, v in results.items() if k.startswith("pass@")},
     }
+
+
+def validation_rollout(
+    runner: EpisodeRunner, sampler: Sampler, seed: int, val: ValConfig
+) -> dict[str, float]:
+    """Validation during training: greedy success and sampled pass@k on the held-out seeds of a run seeded
+    ``seed`` (``val/*``), and its seconds (``time/validation``)."""
+    start = time.perf_counter()
+    seeds = heldout_seeds(seed, val.num_seeds)
+    results = evaluate(runner, sampler, seeds, val.samples, sorted({1, val.k}), sample_seed=seed)
+    return {**validation_metrics(results), "time/validation": time.perf_counter() - start}

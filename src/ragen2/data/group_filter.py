@@ -11,7 +11,9 @@ Two levels, composed: ``select`` chooses groups (one decision over every rank's 
 ``rows`` chooses rollouts within each group: all of them by default, or with ``trajectory_fraction`` < 1
 the most extreme returns (``extreme_rows``; the paper's trajectory-level control is ``strategy=none``,
 ``trajectory_fraction=0.5``: every prompt, half of its rollouts). A rank holds whole groups, so the row
-choice is local to it.
+choice is local to it. ``select_across`` is an iteration's whole choice across data-parallel ranks: each
+rank's trainable groups scored, one selection over all of them, each rank's slice of it, its rows, and
+the kept share (``KeptShare``) counted once over every rank.
 
 The update computes advantages on the rows it trains on. For a group-level filter those are whole
 groups, so group statistics are untouched by the filter. Under a trajectory-level filter a group's mean
@@ -39,11 +41,12 @@ from ragen2.algos.filters import (
     group_scores,
     select_groups,
 )
-from ragen2.data.batch import RolloutBatch, by_group, ungroup
+from ragen2.data.batch import Grouped, KeptShare, Selection, by_group, ungroup
+from ragen2.distributed import ONE_PROCESS, Ranks
 from ragen2.errors import ConfigError
 
 
-def _entropies(batch: RolloutBatch) -> torch.Tensor:
+def _entropies(batch: Grouped) -> torch.Tensor:
     values = [ep.mean_entropy for ep in batch.episodes]
     if any(v is None for v in values):
         raise ValueError(
@@ -54,7 +57,7 @@ def _entropies(batch: RolloutBatch) -> torch.Tensor:
 
 
 #: per-rollout quantity -> [B] values of a batch
-ROLLOUT_VALUES: dict[str, Callable[[RolloutBatch], torch.Tensor]] = {
+ROLLOUT_VALUES: dict[str, Callable[[Grouped], torch.Tensor]] = {
     "return": lambda batch: batch.returns,
     "entropy": _entropies,
     "length": lambda batch: torch.tensor([ep.sampled_tokens for ep in batch.episodes], dtype=torch.float64),
@@ -114,7 +117,7 @@ class GroupFilter:
         """Whether the score ranks by the sampler's recorded entropies."""
         return SCORE_INPUTS[self.score] == "entropy"
 
-    def scores(self, batch: RolloutBatch) -> torch.Tensor:
+    def scores(self, batch: Grouped) -> torch.Tensor:
         """[G] the score of each of the batch's groups."""
         values = ROLLOUT_VALUES[SCORE_INPUTS[self.score]](batch)  # [B]
         return group_scores(by_group(values, batch.group_index, batch.num_groups), self.score)
@@ -137,14 +140,47 @@ class GroupFilter:
             )
         return (torch.ones_like(keep) if self.monitor else keep), filter_stats(scores, keep)
 
-    def rows(self, batch: RolloutBatch) -> torch.Tensor:
+    def rows(self, batch: Grouped) -> torch.Tensor:
         """[B] bool: the rows the update may train on within their groups (every row unless
         ``trajectory_fraction`` < 1); per group, so each rank decides for its own groups."""
         returns = by_group(batch.returns, batch.group_index, batch.num_groups)  # [G, K]
         return ungroup(extreme_rows(returns, self.trajectory_fraction), batch.group_index)
 
-    def __call__(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    def __call__(self, batch: Grouped) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """The batch's groups -> (keep [G], scores [G], filter/* stats)."""
         scores = self.scores(batch)
         keep, stats = self.select(scores)
         return keep, scores, stats
+
+    def select_across(
+        self, groups: Grouped, trainable: torch.Tensor, ranks: Ranks = ONE_PROCESS
+    ) -> tuple[Selection, dict[str, float]]:
+        """This rank's ``groups`` -> (what the update trains on, filter/* stats): one selection over every
+        rank's trainable groups ([G] bool ``trainable``: False only for the degenerate groups dynamic
+        sampling holds when it found none), the rows within the kept ones, and the kept share."""
+        scores = self.scores(groups)
+        anywhere = ranks.any(bool(trainable.any()))
+        pool = (
+            trainable if anywhere else torch.ones_like(trainable)
+        )  # nothing trainable: score all, keep none
+        everyone = ranks.concat(scores[pool])
+        keep_all, stats = self.select(everyone)
+        first, _ = ranks.offset(int(pool.sum()))
+        keep = torch.zeros_like(trainable)
+        keep[pool] = keep_all[first : first + int(pool.sum())]
+        if not anywhere:
+            keep &= trainable
+            stats = filter_stats(everyone, keep_all & False)
+        keep_rows = self.rows(groups)
+        kept_rows = int((keep[groups.group_index] & keep_rows).sum())
+        counts = ranks.gather((int(keep.sum()), kept_rows, int(keep_rows.numel())))  # per rank
+        kept = [k for _, k, _ in counts]
+        share = KeptShare(sum(kept[: ranks.rank]), sum(kept), sum(rows for _, _, rows in counts))
+        groups_kept = [g for g, _, _ in counts]
+        stats.update(
+            kept_groups_rank_min=float(min(groups_kept)),
+            kept_groups_rank_max=float(max(groups_kept)),
+            kept_rows=float(share.kept),
+            kept_row_ratio=share.ratio,
+        )
+        return Selection(keep, scores, keep_rows, share), stats

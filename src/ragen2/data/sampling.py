@@ -1,6 +1,6 @@
 """DAPO's dynamic sampling as a config object (docs/method.md §6): drop all-equal groups, resample to fill.
 
-``RolloutDataModule`` owns the loop (it owns the runner and the seeds); this module holds the knobs and
+``ragen2.data.iteration`` runs the rounds (seeds from ``ragen2.data.seeds``); this module holds the knobs and
 the pure steps: which groups carry signal, and how kept groups are re-indexed into one batch.
 
 Departures from DAPO / verl's DAPO recipe:

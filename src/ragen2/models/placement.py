@@ -23,6 +23,13 @@ _PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed")
 _ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
 
+def autocast(device: torch.device, precision: str) -> AbstractContextManager:
+    """The forwards' autocast on ``device`` under a mixed ``precision`` (``bf16-mixed``: bf16), nothing
+    otherwise: sampling and scoring then compute with the numerics of the update's forwards."""
+    dtype = AUTOCAST.get(str(precision))
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
 @dataclass(frozen=True)
 class Placement:
     """``trainer.*`` of ``ragen2-eval`` and ``ragen2-diagnose``: one device, as training names it."""
@@ -81,5 +88,4 @@ class Placement:
 
     def autocast(self) -> AbstractContextManager:
         """The forwards' autocast under a mixed precision, nothing otherwise."""
-        dtype = AUTOCAST.get(str(self.precision))
-        return torch.autocast(self.device().type, dtype=dtype) if dtype is not None else nullcontext()
+        return autocast(self.device(), self.precision)

@@ -7,6 +7,9 @@ time: peak memory is the sharded model plus one full tensor. A plain module's te
 A model with LoRA adapters (``model.lora``) yields the plain model's tensors, each adapted layer's
 weight merged with its adapters (``ragen2.models.lora.merged_tensors``): what a rollout engine or a copy
 of the base architecture loads.
+
+``SamplingCopy`` is such a copy: under FSDP the sampler samples from a full, unsharded copy of the policy,
+refreshed from every rank's shards whenever the weights changed.
 """
 
 from __future__ import annotations
@@ -50,3 +53,55 @@ def weights_version(model: Any) -> tuple[int, int]:
     identical across ranks (they take the same steps), so all ranks agree on whether to re-sync.
     """
     return id(model), sum(p._version for p in model.parameters())
+
+
+def _sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _tied_names(model: Any) -> set[str]:
+    """State-dict names that alias another parameter (an LM head tied to the embeddings)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.setdefault(id(p), name)
+    return tied
+
+
+class SamplingCopy:
+    """The model a sampler samples from: the policy itself, or a full copy of an FSDP-sharded one.
+
+    HF generate stops early on some ranks and would desynchronise a sharded model's per-forward gathers;
+    the copy samples without any collective. Refreshing it is a collective (every rank rolls out, so
+    every rank calls it), done only when ``weights_version`` changed.
+    """
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self._synced: tuple[int, int] | None = None
+
+    def __call__(self, policy: Any, dtype: torch.dtype | None = None) -> Any:
+        """``policy``, or under FSDP its copy with the current weights, in ``dtype`` (the mixed precision's
+        compute dtype; None: the policy's)."""
+        if not _sharded(policy):
+            return policy
+        if self.model is None:
+            from transformers import AutoModelForCausalLM
+
+            # on this rank's compute device (its shards'), not the CPU from_config defaults to; in the
+            # dtype the sharded policy computes in (bf16 under bf16-*: FSDP's param_dtype), which also
+            # keeps the copy at half the size of fp32 weights beside the update's optimizer state
+            with torch.device(next(policy.parameters()).device):
+                full = AutoModelForCausalLM.from_config(policy.config, dtype=dtype or policy.dtype)
+            self.model = full.eval()
+        if self._synced != weights_version(policy):
+            missing = self.model.load_state_dict(dict(full_named_tensors(policy)), strict=False).missing_keys
+            self.model.tie_weights()
+            untied = [k for k in missing if k not in _tied_names(self.model)]
+            assert not untied, f"the sampling copy lacks {untied}"
+            self._synced = weights_version(policy)
+        return self.model

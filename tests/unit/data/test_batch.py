@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -49,7 +50,7 @@ def test_select_trims_to_longest_row() -> None:
 
 def test_kept_rows_follow_group_mask() -> None:
     batch = collate_episodes([_episode(0), _episode(1), _episode(0)], num_groups=2, pad_id=0)
-    batch.keep = torch.tensor([False, True])
+    batch = dataclasses.replace(batch, keep=torch.tensor([False, True]))
     assert batch.kept_rows.tolist() == [1]
 
 

@@ -16,8 +16,7 @@ from ragen2.agent.episode import Episode
 from ragen2.data import DynamicSampling, GroupFilter, RolloutBatch, RolloutDataModule, collate_episodes
 from ragen2.data.batch import by_group
 from ragen2.data.sampling import regroup
-from ragen2.distributed import Ranks
-from ragen2.errors import ConfigError
+from ragen2.data.seeds import instance_seeds
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
 
 ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}
@@ -55,8 +54,7 @@ def _assert_same(a: RolloutBatch, b: RolloutBatch) -> None:
 def test_without_sampling_the_batch_is_todays_single_round() -> None:
     dm = _dm()
     batch = dm.rollout(3)
-    # today's seeds: seed·1_000_003 + (iteration·world + rank)·groups = 12.. ; sampler seed 3·104_729
-    assert dm.train_seeds(3) == [12, 13, 14, 15] and dm.sample_seed(3) == 3 * 104_729
+    # seeds: seed·1_000_003 + iteration·groups + rank·local = 12.. ; sampler seed 3·104_729
     assert dm.runner is not None and dm.sampler is not None
     episodes = dm.runner.collect(dm.sampler, [12, 13, 14, 15], 4, sample_seed=3 * 104_729)
     today = collate_episodes(episodes, 4, dm.tokenizer.pad_token_id, 3)
@@ -66,12 +64,9 @@ def test_without_sampling_the_batch_is_todays_single_round() -> None:
 
 def test_round_zero_of_dynamic_sampling_is_todays_round() -> None:
     plain, dynamic = _dm(), _dm(sampling=DynamicSampling(max_rounds=4))
-    assert dynamic.train_seeds(1, 0) == plain.train_seeds(1) and dynamic.sample_seed(
-        1, 0
-    ) == plain.sample_seed(1)
     today = {(e.seed, e.sample): e.token_ids for e in plain.rollout(1).episodes}
     batch = dynamic.rollout(1)
-    from_round_zero = [e for e in batch.episodes if e.seed in plain.train_seeds(1)]
+    from_round_zero = [e for e in batch.episodes if e.seed in instance_seeds(0, 1, 4)]
     assert from_round_zero, "round 0 kept no group: pick an iteration where it does"
     for ep in from_round_zero:
         assert ep.token_ids == today[(ep.seed, ep.sample)]
@@ -124,7 +119,7 @@ def test_only_degenerate_groups_log_the_shortfall_and_train_nothing(filter: Grou
     # the module's "kept no group" path: the last round's groups are there, none is kept
     assert batch.kept_rows.numel() == 0 and batch.keep.tolist() == [False] * 4
     assert m["filter/kept"] == 0 and m["filter/empty"] == 1
-    assert sorted({e.seed for e in batch.episodes}) == dm.train_seeds(0, 2)
+    assert sorted({e.seed for e in batch.episodes}) == instance_seeds(0, 0, 4, 2, max_rounds=3)
     assert batch.returns.tolist() == pytest.approx([-0.3] * 16)
 
 
@@ -148,33 +143,6 @@ def test_rollout_metrics_and_jsonl_cover_every_round(tmp_path: Path) -> None:
     assert batch.metrics["rollout/return"] == pytest.approx(statistics.fmean(r["return"] for r in records))
     kept = {(r["seed"], r["sample"]) for r in records if r["kept"]}
     assert kept == {(e.seed, e.sample) for e in batch.episodes}
-
-
-def test_seeds_are_distinct_across_rounds_iterations_and_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    dm = _dm(sampling=DynamicSampling(max_rounds=3))
-    one_rank = {(it, r): dm.train_seeds(it, r) for it in range(5) for r in range(3)}
-    instance, sampler = [], []
-    by_rank: dict[tuple[int, int], list[int]] = {}
-    for rank in range(2):
-        monkeypatch.setattr(dm, "_ranks", lambda rank=rank: Ranks(rank, 2))
-        for it in range(5):
-            for r in range(3):
-                seeds = dm.train_seeds(it, r)
-                assert len(seeds) == dm.groups // 2  # each rank rolls out its share of the global groups
-                instance += seeds
-                by_rank.setdefault((it, r), []).extend(seeds)
-                sampler.append(dm.sample_seed(it, r))
-    assert len(instance) == len(set(instance)) == 5 * 3 * 4
-    assert len(sampler) == len(set(sampler)) == 2 * 5 * 3
-    # global group g has the same instance seed whatever the number of ranks
-    assert by_rank == one_rank
-    with pytest.raises(ValueError, match="max_rounds"):
-        dm.train_seeds(0, 3)
-    with pytest.raises(ValueError, match="max_rounds"):
-        _dm().train_seeds(0, 1)
-    monkeypatch.setattr(dm, "_ranks", lambda: Ranks(0, 3))
-    with pytest.raises(ConfigError, match=r"rollout\.groups=4 does not divide among 3 ranks.*Fix"):
-        dm.train_seeds(0, 0)
 
 
 def test_dynamic_sampling_validates_max_rounds() -> None:

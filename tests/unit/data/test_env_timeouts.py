@@ -66,7 +66,7 @@ def test_a_hung_step_is_a_counted_failure_of_the_iteration() -> None:
         filter=GroupFilter(strategy="top_p", value=0.9),
     )
     dm.setup()
-    assert dm.runner is not None and dm.train_seeds(0) == [0, 1]
+    assert dm.runner is not None
     dm.runner.env_factory = StepHangsOnce
     batch = dm.rollout(0)
     assert batch.metrics["rollout/env_timeouts"] == 1.0

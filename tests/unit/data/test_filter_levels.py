@@ -3,6 +3,7 @@ gets, the filter/* row counts over every rank, and the saved rollouts' ``kept`` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -54,11 +55,11 @@ def test_trajectory_fraction_keeps_each_groups_extremes_in_row_order() -> None:
     flt = GroupFilter(strategy="none", trajectory_fraction=0.5)
     keep, _, stats = flt(batch)
     assert keep.all() and stats["kept"] == 2
-    batch.keep, batch.keep_rows = keep, flt.rows(batch)
+    batch = dataclasses.replace(batch, keep=keep, keep_rows=flt.rows(batch))
     assert batch.keep_rows.tolist() == [False, True, True, True, True, False, False, False]
     assert batch.kept_rows.tolist() == [1, 2, 3, 4]
     # a dropped group drops its kept rows too; select carries the row mask along
-    batch.keep = torch.tensor([True, False])
+    batch = dataclasses.replace(batch, keep=torch.tensor([True, False]))
     assert batch.kept_rows.tolist() == [1, 3]
     sub = batch.select(torch.tensor([0, 1, 3]))
     assert sub.keep_rows.tolist() == [False, True, True] and sub.kept_rows.tolist() == [1, 2]
