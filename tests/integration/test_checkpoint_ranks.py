@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TWO_RANKS
 
 from ragen2.models.checkpoint import read_checkpoint
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), TWO_RANKS]
 
 
 def _train(run: Path, strategy: str, fault: str, iteration: int, rank: int) -> subprocess.CompletedProcess:
