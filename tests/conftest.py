@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,24 +90,34 @@ def small_llama():
     return LlamaForCausalLM(config).eval()
 
 
-#: session fixtures too costly to start once per pytest-xdist worker (a SLURM cluster): the tests that use one
-#: form one group
-_SHARED_SESSION = {"slurm_cluster": "slurm"}
+#: files whose tests share something costly or exclusive, by the unit pytest-xdist runs on one worker (every
+#: other file is its own unit, so a file's module fixtures are built once): the local SLURM cluster (a
+#: session fixture, and the node's every core for its jobs), the tests that start two rank processes (two
+#: such tests side by side would split 2 cores four ways while their collectives wait on the slowest rank),
+#: and those that start a vLLM engine (its CPU worker binds every core)
+SHARED_UNITS = {
+    "tests/integration/test_slurm.py": "slurm",
+    "tests/integration/test_preemption.py": "slurm",
+    "tests/integration/test_aggregate.py": "slurm",
+    "tests/integration/test_multirank.py": "ranks",
+    "tests/integration/test_checkpoint_ranks.py": "ranks",
+    "tests/integration/test_pg_timeout.py": "ranks",
+    "tests/integration/test_vllm_rollout.py": "vllm",
+    "tests/integration/test_qwen.py": "vllm",
+    "tests/unit/rollout/test_vllm_sampler.py": "vllm",
+}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups into the test ids
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The xdist groups that scripts/test.sh's ``--dist loadgroup`` keeps on one worker, so that what the tests
-    share is built once: a test's own ``xdist_group`` mark stands; else the tests on a shared session fixture
-    go together, and so do those of one file that use a fixture of the file's scope (an engine, a built
-    site, a reference run). Every other test goes to whichever worker is free."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        defs = getattr(item, "_fixtureinfo", None)
-        closure = defs.name2fixturedefs if defs is not None else {}
-        group = next((g for name, g in _SHARED_SESSION.items() if name in closure), None)
-        if group is None and any(d.scope == "module" for ds in closure.values() for d in ds):
-            group = item.module.__name__
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a plain pytest run lacks
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (scripts/test.sh), with the files of ``SHARED_UNITS`` joined into their units."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedUnits(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SHARED_UNITS.get(file, file)
+
+    return SharedUnits(config, log)

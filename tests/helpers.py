@@ -10,18 +10,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 import torch
 from omegaconf import DictConfig
 
 from ragen2.agent.episode import Episode, Turn
 from ragen2.config import compose
-
-#: pytest-xdist groups (scripts/test.sh's ``--dist loadgroup`` runs each group on one worker): the tests that
-#: start two rank processes, so that two such tests never split the cores four ways (their collectives wait on
-#: the slowest rank); the tests that start a vLLM engine, whose CPU worker takes every core it is bound to
-TWO_RANKS = pytest.mark.xdist_group("ranks")
-VLLM_ENGINE = pytest.mark.xdist_group("vllm")
 
 
 def turn(

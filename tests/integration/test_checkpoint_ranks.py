@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TWO_RANKS
 
 from ragen2.models.checkpoint import read_checkpoint
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), TWO_RANKS]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _train(run: Path, strategy: str, fault: str, iteration: int, rank: int) -> subprocess.CompletedProcess:

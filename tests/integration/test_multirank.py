@@ -24,13 +24,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TWO_RANKS
 
 from ragen2.models.loading import load_model
 from ragen2.rollout.vllm import vllm_available
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.slow, TWO_RANKS]
+pytestmark = pytest.mark.slow
 
 
 def _launch(args: list[str], cwd: Path, timeout: int = 600) -> None:

