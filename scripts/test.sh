@@ -20,8 +20,13 @@ if [ ${#args[@]} -eq 0 ]; then
   echo "stage 2: every test but the gpu-marked ones"
   args=(-m "not gpu" --deselect tests/test_types.py::test_the_library_type_checks)
 fi
+# one pytest-xdist worker per core, at most one per 6 GiB of memory (a worker holding the built-in model, a
+# vLLM engine or two ranks peaks near that); RAGEN2_TEST_WORKERS overrides, and -n in the arguments wins.
+# loadfile: a file runs on one worker, and the files that share a cluster, two ranks or a vLLM engine run on
+# one worker together (tests/conftest.py)
+workers="${RAGEN2_TEST_WORKERS:-$(python -c 'import os; print(max(1, min(len(os.sched_getaffinity(0)), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (6 * 2**30))))')}"
 set +e
-python -m pytest "${args[@]}" --durations=25 -p no:cacheprovider
+python -m pytest -n "$workers" --dist loadfile "${args[@]}" --durations=25 -p no:cacheprovider
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

@@ -31,7 +31,7 @@ start() {
   local port=${RAGEN2_SLURM_PORT:-6817}
   local slurmd_port=${RAGEN2_SLURMD_PORT:-$((port + 1))}
   local cpus mem
-  cpus=$(nproc)
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc counts OMP_NUM_THREADS, not the cores, when set
   mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
   mem=$((mem * 8 / 10))                             # headroom: slurmd drains a node that reports less than this
   cat >"$dir/slurm.conf" <<EOF

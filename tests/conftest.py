@@ -4,11 +4,20 @@ models; a package outside ragen2 with its own env, installed for the session."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+# Under pytest-xdist (scripts/test.sh runs one worker per core) each worker gets its share of the cores:
+# torch's default of one OpenMP thread per core in every worker oversubscribes the machine. Set before torch
+# is imported, so this process and the subprocesses the tests start (which inherit it) both follow it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +88,36 @@ def small_llama():
         num_hidden_layers=2,
     )
     return LlamaForCausalLM(config).eval()
+
+
+#: files whose tests share something costly or exclusive, by the unit pytest-xdist runs on one worker (every
+#: other file is its own unit, so a file's module fixtures are built once): the local SLURM cluster (a
+#: session fixture, and the node's every core for its jobs), the tests that start two rank processes (two
+#: such tests side by side would split 2 cores four ways while their collectives wait on the slowest rank),
+#: and those that start a vLLM engine (its CPU worker binds every core)
+SHARED_UNITS = {
+    "tests/integration/test_slurm.py": "slurm",
+    "tests/integration/test_preemption.py": "slurm",
+    "tests/integration/test_aggregate.py": "slurm",
+    "tests/integration/test_multirank.py": "ranks",
+    "tests/integration/test_checkpoint_ranks.py": "ranks",
+    "tests/integration/test_pg_timeout.py": "ranks",
+    "tests/integration/test_vllm_rollout.py": "vllm",
+    "tests/integration/test_qwen.py": "vllm",
+    "tests/unit/rollout/test_vllm_sampler.py": "vllm",
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a plain pytest run lacks
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (scripts/test.sh), with the files of ``SHARED_UNITS`` joined into their units."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedUnits(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SHARED_UNITS.get(file, file)
+
+    return SharedUnits(config, log)

@@ -41,7 +41,10 @@ def execute(name: str, probe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     nb.cells.append(nbformat.v4.new_code_cell(probe_cell))
     monkeypatch.setenv("RAGEN2_NOTEBOOK_SMOKE", "1")
     kernel = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
-    NotebookClient(nb, km=kernel, timeout=300, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    client = NotebookClient(nb, km=kernel, timeout=300, resources={"metadata": {"path": str(tmp_path)}})
+    # nbclient stops only the kernels it made itself: without cleanup_kc this one (~0.5 GB) would live on
+    # until the test process ends
+    client.execute(cleanup_kc=True)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     line = next(

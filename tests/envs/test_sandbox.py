@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -24,6 +25,7 @@ import pytest
 from ragen2_envs.deepcoder import sandbox, seccomp
 from ragen2_envs.deepcoder.sandbox import (
     METHODS,
+    UID_HIGH,
     UID_LOW,
     SandboxLimits,
     interpreter_mounts,
@@ -65,16 +67,36 @@ def host_dir() -> Iterator[Path]:
         shutil.rmtree(folder)
 
 
-def _sandbox_uid_processes() -> list[int]:
-    """Host pids owned by sandbox uids (there must be none once a run returns)."""
+@pytest.fixture
+def own_uids(monkeypatch: pytest.MonkeyPatch) -> list[range]:
+    """The uids of the sandboxes this test starts, as each run draws them (``uid_base`` and one per case):
+    sandboxes that other tests run at the same time (pytest-xdist) hold uids of their own."""
+    drawn: list[range] = []
+
+    class Recorded:
+        @staticmethod
+        def randbelow(n: int) -> int:
+            offset = secrets.randbelow(n)
+            cases = UID_HIGH - UID_LOW - n  # sandbox.py draws below UID_HIGH - UID_LOW - len(cases)
+            drawn.append(range(UID_LOW + offset, UID_LOW + offset + cases))
+            return offset
+
+    monkeypatch.setattr(sandbox, "secrets", Recorded)
+    return drawn
+
+
+def _sandbox_uid_processes(uids: list[range]) -> list[int]:
+    """Host pids owned by these sandbox uids (there must be none once a run returns)."""
+    assert uids, "no sandbox drew its uids through sandbox.secrets: the check would look at nothing"
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid >= UID_LOW:
-                    pids.append(int(entry))
+                uid = os.stat(f"/proc/{entry}").st_uid
             except FileNotFoundError:
                 continue
+            if any(uid in drawn for drawn in uids):
+                pids.append(int(entry))
     return pids
 
 
@@ -139,7 +161,7 @@ def test_infinite_loop_is_killed_at_the_wall_clock_timeout() -> None:
     assert time.monotonic() - start < 5.0
 
 
-def test_fork_bomb_is_capped_by_the_process_limit(method: str) -> None:
+def test_fork_bomb_is_capped_by_the_process_limit(method: str, own_uids: list[range]) -> None:
     # max_procs counts every process of the sandbox uid, the parent included: 8 - 1 = 7 forks succeed
     code = (
         "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
@@ -147,30 +169,30 @@ def test_fork_bomb_is_capped_by_the_process_limit(method: str) -> None:
     )
     r = run_python(code, timeout_s=2.0, max_procs=8, method=method)
     assert r.stdout == "7\n"
-    assert _sandbox_uid_processes() == []  # the sleeping children died with the run
+    assert _sandbox_uid_processes(own_uids) == []  # the sleeping children died with the run
 
 
-def test_endless_fork_bomb_times_out_and_leaves_nothing_behind(method: str) -> None:
+def test_endless_fork_bomb_times_out_and_leaves_nothing_behind(method: str, own_uids: list[range]) -> None:
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     r = run_python(code, timeout_s=1.0, max_procs=16, method=method)
     assert r.timed_out
-    assert _sandbox_uid_processes() == []
+    assert _sandbox_uid_processes(own_uids) == []
 
 
-def test_detached_daemon_is_killed_when_the_program_exits(method: str) -> None:
+def test_detached_daemon_is_killed_when_the_program_exits(method: str, own_uids: list[range]) -> None:
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('done')"
     start = time.monotonic()
     r = run_python(code, timeout_s=2.0, method=method)
     assert r.ok and r.stdout == "done\n"
     assert time.monotonic() - start < 3.0
-    assert _sandbox_uid_processes() == []
+    assert _sandbox_uid_processes(own_uids) == []
 
 
 class _Interrupted(BaseException):
     pass
 
 
-def test_an_interrupted_run_leaves_nothing_running(method: str) -> None:
+def test_an_interrupted_run_leaves_nothing_running(method: str, own_uids: list[range]) -> None:
     # a caller's deadline (the runner's env.step_timeout_s raises from a SIGALRM handler) or Ctrl-C cuts the
     # run short: the program must die with it, not run out its own timeout_s
     def interrupt(signum: int, frame: object) -> None:
@@ -185,9 +207,9 @@ def test_an_interrupted_run_leaves_nothing_running(method: str) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     deadline = time.monotonic() + 5.0  # the kernel tears a killed namespace down asynchronously
-    while _sandbox_uid_processes() and time.monotonic() < deadline:
+    while _sandbox_uid_processes(own_uids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sandbox_uid_processes() == []
+    assert _sandbox_uid_processes(own_uids) == []
 
 
 def test_huge_allocation_fails_inside_the_address_space_limit(method: str) -> None:
