@@ -160,17 +160,17 @@ class GroupFilter:
         sampling holds when it found none), the rows within the kept ones, and the kept share."""
         scores = self.scores(groups)
         anywhere = ranks.any(bool(trainable.any()))
-        pool = (
-            trainable if anywhere else torch.ones_like(trainable)
-        )  # nothing trainable: score all, keep none
+        # nothing trainable on any rank: every group is scored (the stats still describe them), none kept
+        pool = trainable if anywhere else torch.ones_like(trainable)
         everyone = ranks.concat(scores[pool])
         keep_all, stats = self.select(everyone)
-        first, _ = ranks.offset(int(pool.sum()))
+        pooled = int(pool.sum())
+        first, _ = ranks.offset(pooled)
         keep = torch.zeros_like(trainable)
-        keep[pool] = keep_all[first : first + int(pool.sum())]
+        keep[pool] = keep_all[first : first + pooled]
         if not anywhere:
             keep &= trainable
-            stats = filter_stats(everyone, keep_all & False)
+            stats = filter_stats(everyone, torch.zeros_like(keep_all))
         keep_rows = self.rows(groups)
         kept_rows = int((keep[groups.group_index] & keep_rows).sum())
         counts = ranks.gather((int(keep.sum()), kept_rows, int(keep_rows.numel())))  # per rank
