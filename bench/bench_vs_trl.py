@@ -81,7 +81,7 @@ class Gate:
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         seconds = time.perf_counter() - self.start
         m = module.last_metrics
-        episodes = trainer.datamodule.groups * trainer.datamodule.group_size
+        episodes = trainer.datamodule.rollout_cfg.groups * trainer.datamodule.rollout_cfg.group_size
         _report(
             {
                 "iteration_s": seconds,

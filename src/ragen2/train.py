@@ -34,7 +34,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build(cfg.data)
     module = build(cfg.module)
-    check_batch(module.algo.mini_batch_size, datamodule.groups, datamodule.group_size)
+    check_batch(module.algo.mini_batch_size, datamodule.rollout_cfg.groups, datamodule.rollout_cfg.group_size)
     # a group entry set to null (callbacks.curves=null) switches that piece off
     callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]

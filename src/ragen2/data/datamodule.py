@@ -15,10 +15,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from ragen2.agent.episode import Episode
 from ragen2.agent.runner import EpisodeRunner
@@ -32,7 +33,6 @@ from ragen2.data.rollout_log import RolloutLog
 from ragen2.data.sampling import DynamicSampling
 from ragen2.data.shaping import OverlongShaping
 from ragen2.distributed import Ranks
-from ragen2.errors import ConfigError
 from ragen2.models.loading import load_tokenizer
 from ragen2.models.placement import AUTOCAST, autocast
 from ragen2.models.weights import SamplingCopy
@@ -40,21 +40,10 @@ from ragen2.rollout.base import Sampler
 from ragen2.settings import settings
 
 
-class _Once(torch.utils.data.IterableDataset):
-    """Yields one pre-built batch: a Lightning epoch is one RL iteration."""
-
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
-
-    def __iter__(self) -> Iterator[Any]:
-        yield self.batch
-
-    def __len__(self) -> int:
-        return 1
-
-
-def _loader(batch: Any) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(_Once(batch), batch_size=None, collate_fn=lambda x: x)
+def _one_batch(batch: Any) -> DataLoader:
+    """A loader of one pre-built batch: a Lightning epoch is one RL iteration."""
+    one = cast(Dataset[Any], [batch])  # a list is a map-style dataset: __len__ and __getitem__
+    return DataLoader(one, batch_size=None, collate_fn=lambda x: x)
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -81,13 +70,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.env = settings(EnvConfig, env, "env")
         self.rollout_cfg = settings(RolloutConfig, rollout, "rollout")
         self.filter = filter
-        sampler_cls = getattr(self.rollout_cfg.sampler, "func", self.rollout_cfg.sampler)
-        if filter.needs_entropy and not getattr(sampler_cls, "records_entropy", False):
-            raise ConfigError(
-                f"filter.score={filter.score!r} ranks groups by the sampler's token entropies, which "
-                f"{getattr(sampler_cls, '__name__', sampler_cls)} does not record. Fix: rollout=hf, or a "
-                "reward or length score."
-            )
+        filter.check_sampler(self.rollout_cfg.sampler)
         self.tokenizer_name = tokenizer
         self.seed = seed
         self.sampling = DynamicSampling(**sampling) if isinstance(sampling, Mapping) else sampling
@@ -101,21 +84,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.sampler: Sampler | None = None
         self.runner: EpisodeRunner | None = None
 
-    @property
-    def groups(self) -> int:
-        """Groups per iteration (``rollout.groups``)."""
-        return self.rollout_cfg.groups
-
-    @property
-    def group_size(self) -> int:
-        """Rollouts per group (``rollout.group_size``)."""
-        return self.rollout_cfg.group_size
-
     def plan(self) -> IterationPlan:
         """What ``collect_iteration`` reads of these settings (after ``setup``: the tokenizer's padding)."""
         return IterationPlan(
-            self.groups,
-            self.group_size,
+            self.rollout_cfg.groups,
+            self.rollout_cfg.group_size,
             self.filter,
             self.tokenizer.pad_token_id,
             self.seed,
@@ -145,12 +118,11 @@ class RolloutDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Settings come from the config; the saved ones only document the run."""
 
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        iteration = self.trainer.current_epoch if self.trainer is not None else 0
-        return _loader(self.rollout(iteration))
+    def train_dataloader(self) -> DataLoader:
+        return _one_batch(self.rollout(self.trainer.current_epoch if self.trainer is not None else 0))
 
-    def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return _loader(self.validation_rollout())
+    def val_dataloader(self) -> DataLoader:
+        return _one_batch(self.validation_rollout())
 
     # ---- what the trainer says --------------------------------------------------------------
     def _ranks(self) -> Ranks:
@@ -178,7 +150,7 @@ class RolloutDataModule(L.LightningDataModule):
     def collect(self, seeds: list[int], sample_seed: int) -> list[Episode]:
         """``group_size`` episodes of each instance seed (``ragen2.data.iteration.Collect``)."""
         assert self.runner is not None and self.sampler is not None
-        return self.runner.collect(self.sampler, seeds, self.group_size, sample_seed=sample_seed)
+        return self.runner.collect(self.sampler, seeds, self.rollout_cfg.group_size, sample_seed=sample_seed)
 
     def _rollout_log(self, ranks: Ranks) -> RolloutLog | None:
         if self.log is None and self.rollout_cfg.save_jsonl:

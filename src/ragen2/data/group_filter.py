@@ -30,6 +30,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -112,10 +113,15 @@ class GroupFilter:
         except ValueError as err:
             raise ConfigError(str(err)) from err
 
-    @property
-    def needs_entropy(self) -> bool:
-        """Whether the score ranks by the sampler's recorded entropies."""
-        return SCORE_INPUTS[self.score] == "entropy"
+    def check_sampler(self, sampler: Any) -> None:
+        """Refuse a score that ranks by token entropies with a sampler (class or factory) that records none."""
+        sampler = getattr(sampler, "func", sampler)  # a Hydra partial: the class it builds
+        if SCORE_INPUTS[self.score] == "entropy" and not getattr(sampler, "records_entropy", False):
+            raise ConfigError(
+                f"filter.score={self.score!r} ranks groups by the sampler's token entropies, which "
+                f"{getattr(sampler, '__name__', sampler)} does not record. Fix: rollout=hf, or a "
+                "reward or length score."
+            )
 
     def scores(self, batch: Grouped) -> torch.Tensor:
         """[G] the score of each of the batch's groups."""
