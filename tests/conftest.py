@@ -107,10 +107,25 @@ SHARED_UNITS = {
     "tests/unit/rollout/test_vllm_sampler.py": "vllm",
 }
 
+#: the units that take longest (a full run's --durations here: two ranks ~5 min, vLLM ~4, SLURM ~2.5, the
+#: main job and the cross-run analysis ~1.5), handed out first, longest first, so that no worker starts a
+#: long unit while the other is nearly done; the rest follow in xdist's order (most tests first)
+LONGEST_UNITS = (
+    "ranks",
+    "vllm",
+    "slurm",
+    "tests/integration/test_main_job.py",
+    "tests/integration/test_aggregate_analysis.py",
+    "tests/unit/rollout/test_hf_sampler.py",
+    "tests/test_notebooks.py",
+    "tests/integration/test_collapse_study.py",
+)
+
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a plain pytest run lacks
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` (scripts/test.sh), with the files of ``SHARED_UNITS`` joined into their units."""
+    """``--dist loadfile`` (scripts/test.sh), with the files of ``SHARED_UNITS`` joined into their units and
+    ``LONGEST_UNITS`` handed out first."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -119,5 +134,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             file = super()._split_scope(nodeid)
             return SHARED_UNITS.get(file, file)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            waiting = next((unit for unit in LONGEST_UNITS if unit in self.workqueue), None)
+            if waiting is not None:
+                self.workqueue.move_to_end(waiting, last=False)  # the next unit popped
+            super()._assign_work_unit(node)
 
     return SharedUnits(config, log)
