@@ -120,7 +120,17 @@ def test_cells_come_from_the_keys_that_differ_but_seed() -> None:
     jobs = [
         parse_overrides(["filter=top_p", "seed=0", "debug=fast", "~callbacks.curves"]),
         parse_overrides(["filter=top_p", "seed=1", "debug=fast", "~callbacks.curves"]),
-        parse_overrides(["filter=none", "seed=0", "debug=fast", "~callbacks.curves", "+algo.kl_coef=0.1"]),
+        # a later stage resumed it: how the job started is not a setting of the cell
+        parse_overrides(
+            [
+                "ckpt_path=last",
+                "filter=none",
+                "seed=0",
+                "debug=fast",
+                "~callbacks.curves",
+                "+algo.kl_coef=0.1",
+            ]
+        ),
     ]
     assert jobs[2] == {
         "filter": "none",

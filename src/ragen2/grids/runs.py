@@ -20,13 +20,19 @@ class AggregateError(ValueError):
     """Input the aggregator cannot use, named with its path or key and the fix."""
 
 
+#: keys that say how a job was started, not what it studies: a run resumed with ``ckpt_path=last`` (a staged
+#: study's later stages) is in the same cell and pair as the run it continues
+RUN_CONTROL = frozenset({"ckpt_path"})
+
+
 def parse_overrides(lines: Sequence[str]) -> dict[str, str]:
-    """overrides.yaml's lines -> {key: value}; ``+key``/``++key`` count as ``key``, a deletion stays ``~key``."""
+    """overrides.yaml's lines -> {key: value}; ``+key``/``++key`` count as ``key``, a deletion stays ``~key``;
+    ``RUN_CONTROL`` keys are left out."""
     out: dict[str, str] = {}
     for line in lines:
         key, _, value = str(line).partition("=")
         out[key.lstrip("+")] = value
-    return out
+    return {k: v for k, v in out.items() if k not in RUN_CONTROL}
 
 
 @dataclass
