@@ -25,6 +25,7 @@ from ragen2.grids.stats import ci95, spearman
 
 MI, H = "diag/first_turn/mi_est_seq", "diag/first_turn/cond_entropy_seq"
 LOG2 = math.log(2.0)
+PAIRS = 3  # GRPO pairs the protocol plans (seeds 0-2); fewer finished: every verdict is interim
 
 
 def _float(value: str | None) -> float | None:
@@ -135,6 +136,9 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
             for r in runs
         ]
     }
+    done = {(r["filter"], r["seed"]) for r in grpo if last(r, "val/sampled_success") is not None}
+    finished = len({s for f, s in done if f == "top_p"} & {s for f, s in done if f == "none"})
+    result["pairs"] = {"finished": finished, "planned": PAIRS, "interim": finished < PAIRS}
     outcomes = [outcome(r) for r in none]
     result["a"] = {
         "none_outcomes": outcomes,
@@ -201,8 +205,15 @@ def markdown(result: dict[str, object]) -> str:
             f"| {r['folder']} | {r['filter']} | {r['seed']} | {r['algo']} | {r['iterations']} | {r['outcome']} | "
             f"{r['val/success']} | {r['val/sampled_success']} |"
         )
+    pairs = result["pairs"]
+    if pairs["interim"]:  # type: ignore[index]
+        lines += [
+            "",
+            f"**Interim: {pairs['finished']} of {pairs['planned']} pairs finished.** Each verdict below "  # type: ignore[index]
+            "applies the criterion to the finished runs only; the study's verdict needs every pair.",
+        ]
     lines.append("")
-    for key in ("a", "b2", "b3", "c1 val/sampled_success", "c1 val/success"):
+    for key in ("pairs", "a", "b2", "b3", "c1 val/sampled_success", "c1 val/success"):
         lines.append(f"- **{key}**: `{json.dumps(result[key])}`")
     return "\n".join(lines) + "\n"
 

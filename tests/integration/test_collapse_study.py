@@ -103,6 +103,12 @@ def test_the_criteria_by_hand() -> None:
     runs = [_run("none", 0, template), _run("none", 1, full), _run("none", 2, template)]
     runs += [_run("top_p", 0, kept), _run("top_p", 1, kept), _run("top_p", 2, kept)]
     result = analyze.analyze(runs)
+    assert result["pairs"] == {"finished": 3, "planned": 3, "interim": False}
+    # one pair's top_p run without its validation: two pairs finished, every verdict interim
+    partial = [*runs[:3], _run("top_p", 0, kept), _run("top_p", 1, kept)]
+    partial[-1]["iterations"] = {i: {} for i in range(5)}
+    assert analyze.analyze(partial)["pairs"] == {"finished": 1, "planned": 3, "interim": True}
+    assert "Interim: 1 of 3 pairs" in analyze.markdown(analyze.analyze(partial))
     assert result["a"]["none_outcomes"] == ["template collapse", "full collapse", "template collapse"]
     assert result["a"]["verdict"] == "supported"
     # every pass: log(1.5 / 1.0) = 0.405 < log 2, no spread: the interval is the point
