@@ -147,7 +147,7 @@ def rendered_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for it in range(args.repeats):
         rec = Recorder(data.tokenizer.eos_token_id)
-        seeds = instance_seeds(data.seed, it, data.groups)
+        seeds = instance_seeds(data.seed, it, data.rollout_cfg.groups)
         data.runner.collect(rec, seeds, args.group_size, sample_seed=sampler_seed(data.seed, it))
         groups = [rec.prompts[g * args.group_size : (g + 1) * args.group_size] for g in range(args.groups)]
         if any(p != g[0] for g in groups for p in g):

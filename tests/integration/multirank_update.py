@@ -63,7 +63,8 @@ class FixedEpisodes(RolloutDataModule):
     """The real DataModule (seeds, global filter, metrics) over episodes fixed by their instance seeds."""
 
     def collect(self, seeds: list[int], sample_seed: int) -> list[Episode]:
-        iteration, first = divmod(seeds[0] - self.seed * 1_000_003, self.groups)  # round 0's seeds
+        # round 0's seeds
+        iteration, first = divmod(seeds[0] - self.seed * 1_000_003, self.rollout_cfg.groups)
         return [
             _episode(first + g, g, k, seed + iteration * 1000)
             for g, seed in enumerate(seeds)
