@@ -136,9 +136,6 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
             for r in runs
         ]
     }
-    done = {(r["filter"], r["seed"]) for r in grpo if last(r, "val/sampled_success") is not None}
-    finished = len({s for f, s in done if f == "top_p"} & {s for f, s in done if f == "none"})
-    result["pairs"] = {"finished": finished, "planned": PAIRS, "interim": finished < PAIRS}
     outcomes = [outcome(r) for r in none]
     result["a"] = {
         "none_outcomes": outcomes,
@@ -190,6 +187,9 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
             else "no difference shown"
         )
         result[f"c1 {key}"] = ci
+    # a finished pair: both arms validated, i.e. a seed of (c1)'s differences
+    finished = len(result["c1 val/sampled_success"]["per_seed"])  # type: ignore[index]
+    result["pairs"] = {"finished": finished, "planned": PAIRS, "interim": finished < PAIRS}
     return result
 
 
