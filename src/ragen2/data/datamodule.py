@@ -1,11 +1,8 @@
-"""RolloutDataModule: Lightning's side of the rollouts; every epoch rolls out the current policy.
-
-One RL iteration = one Lightning epoch (``reload_dataloaders_every_n_epochs=1``): ``train_dataloader`` syncs
-the sampler to the policy and hands the iteration's batch, ``collect_iteration`` (``ragen2.data.iteration``:
-rounds, DAPO's dynamic sampling and shaping, the SNR filter across ranks, metrics; plain torch), to Lightning
-as a one-batch loader. ``val_dataloader`` does the same for held-out evaluation
-(``ragen2.data.evaluation.validation_rollout``). What this class adds is what only Lightning knows: the
-module's policy (under FSDP, a full copy gathered from its shards: ``ragen2.models.weights.SamplingCopy``),
+"""RolloutDataModule: Lightning's side of the rollouts. One RL iteration = one Lightning epoch
+(``reload_dataloaders_every_n_epochs=1``): ``train_dataloader`` syncs the sampler to the policy and hands
+``collect_iteration``'s batch (``ragen2.data.iteration``, plain torch) to Lightning as a one-batch loader;
+``val_dataloader`` does the same for held-out evaluation (``ragen2.data.evaluation``). What this class adds is
+what only Lightning knows: the module's policy (under FSDP a full copy, ``ragen2.models.weights.SamplingCopy``),
 the trainer's precision, ranks, epoch and run folder.
 """
 
@@ -73,8 +70,8 @@ class RolloutDataModule(L.LightningDataModule):
         filter.check_sampler(self.rollout_cfg.sampler)
         self.tokenizer_name = tokenizer
         self.seed = seed
-        self.sampling = DynamicSampling(**sampling) if isinstance(sampling, Mapping) else sampling
-        shaping = OverlongShaping(**shaping) if isinstance(shaping, Mapping) else shaping
+        self.sampling = None if sampling is None else settings(DynamicSampling, sampling, "algo.sampling")
+        shaping = None if shaping is None else settings(OverlongShaping, shaping, "algo.shaping")
         self.shaping = shaping.resolve(self.rollout_cfg.max_new_tokens) if shaping is not None else None
         self.val = settings(ValConfig, val, "val")
         self.output_dir = output_dir
@@ -86,14 +83,9 @@ class RolloutDataModule(L.LightningDataModule):
 
     def plan(self) -> IterationPlan:
         """What ``collect_iteration`` reads of these settings (after ``setup``: the tokenizer's padding)."""
+        r, pad_id = self.rollout_cfg, self.tokenizer.pad_token_id
         return IterationPlan(
-            self.rollout_cfg.groups,
-            self.rollout_cfg.group_size,
-            self.filter,
-            self.tokenizer.pad_token_id,
-            self.seed,
-            self.sampling,
-            self.shaping,
+            r.groups, r.group_size, self.filter, pad_id, self.seed, self.sampling, self.shaping
         )
 
     # ---- Lightning's hooks ------------------------------------------------------------------
@@ -106,8 +98,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.runner = self.rollout_cfg.runner(self.env, self.tokenizer)
 
     def teardown(self, stage: str) -> None:
-        """At the end of fit, release the sampler: an in-process vLLM engine holds its memory and, alone in
-        its process, the torch.distributed group it made (``VLLMSampler.close``)."""
+        """Release the sampler: an in-process vLLM engine holds memory and its process group (``close``)."""
         getattr(self.sampler, "close", lambda: None)()
         self.sampler = self.runner = None
 
@@ -125,15 +116,11 @@ class RolloutDataModule(L.LightningDataModule):
         return _one_batch(self.validation_rollout())
 
     # ---- what the trainer says --------------------------------------------------------------
-    def _ranks(self) -> Ranks:
-        return Ranks.current() if self.trainer is not None else Ranks()
-
     @contextmanager
     def _sampling(self) -> Iterator[torch.device]:
-        """The sampler holding the module's current weights, under the update's autocast (``bf16-mixed``: the
-        sampler's log-probs have the numerics of the update's, at bf16 speed); yields the sampling device.
-        Afterwards a backend that can free its memory during the update does so (vLLM's sleep mode on
-        GPU, ``rollout.sampler.sleep_during_update``); the next ``sync_weights`` wakes it."""
+        """The sampler holding the module's current weights, under the update's autocast (the sampler's
+        log-probs get the update's numerics); yields the sampling device. Afterwards a backend that can free
+        its memory during the update does (``rollout.sampler.sleep_during_update``); ``sync_weights`` wakes it."""
         self.setup()
         assert self.sampler is not None
         module = None if self.trainer is None else self.trainer.lightning_module
@@ -152,19 +139,14 @@ class RolloutDataModule(L.LightningDataModule):
         assert self.runner is not None and self.sampler is not None
         return self.runner.collect(self.sampler, seeds, self.rollout_cfg.group_size, sample_seed=sample_seed)
 
-    def _rollout_log(self, ranks: Ranks) -> RolloutLog | None:
+    def rollout(self, iteration: int) -> RolloutBatch:
+        """Collect and filter one iteration's batch (also callable from a notebook, without a Trainer)."""
+        ranks = Ranks.current() if self.trainer is not None else Ranks()
         if self.log is None and self.rollout_cfg.save_jsonl:
             root = Path(self.output_dir or (self.trainer.default_root_dir if self.trainer else "."))
             self.log = RolloutLog(root / f"rollouts.rank{ranks.rank}.jsonl")
-        return self.log
-
-    def rollout(self, iteration: int) -> RolloutBatch:
-        """Collect and filter one iteration's batch (also callable from a notebook, without a Trainer)."""
-        ranks = self._ranks()
         with self._sampling() as device:
-            return collect_iteration(
-                iteration, self.plan(), self.collect, ranks, device, self._rollout_log(ranks)
-            )
+            return collect_iteration(iteration, self.plan(), self.collect, ranks, device, self.log)
 
     def validation_rollout(self) -> dict[str, float]:
         """Greedy success and sampled pass@k on held-out instance seeds (``ragen2.data.evaluation``)."""

@@ -17,6 +17,7 @@ from ragen2.data import DynamicSampling, GroupFilter, RolloutBatch, RolloutDataM
 from ragen2.data.batch import by_group
 from ragen2.data.sampling import regroup
 from ragen2.data.seeds import instance_seeds
+from ragen2.errors import ConfigError
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
 
 ENV = {"id": "ragen2/FrozenLake-v0", "max_turns": 3, "max_actions_per_turn": 3}
@@ -177,3 +178,15 @@ def test_a_resumed_run_writes_each_iteration_of_saved_rollouts_once(tmp_path: Pa
     records = [json.loads(line) for line in (tmp_path / "rollouts.rank0.jsonl").read_text().splitlines()]
     per_iteration = {i: sum(r["iteration"] == i for r in records) for i in range(3)}
     assert per_iteration == {0: 16, 1: 16, 2: 16}
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"sampling": {"max_round": 2}}, "algo.sampling.max_round=2"),
+        ({"shaping": {"penalty": "high"}}, "algo.shaping.penalty"),
+    ],
+)
+def test_a_mistyped_sampling_or_shaping_setting_is_refused_by_name(kw: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        _dm(**kw)
