@@ -1,8 +1,4 @@
-"""The main job's own config (the README's command 1) for one iteration with the real built-in model.
-
-Two groups instead of the default four: the same composition, sampler, update, MI pass and checkpoint, at
-half the rollout and update time.
-"""
+"""The main job's own config (the README's command 1) for one iteration with the real built-in model."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from ragen2.train import run
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_main_job_config_one_iteration_with_the_builtin_model(tmp_path: Path) -> None:
-    cfg = compose(["iterations=1", "rollout.groups=2", "trainer.limit_val_batches=0"], run_dir=str(tmp_path))
+    cfg = compose(["iterations=1", "trainer.limit_val_batches=0"], run_dir=str(tmp_path))
     assert cfg.model.name_or_path == "builtin" and cfg.rollout.sampler._target_.endswith("HFSampler")
     metrics = run(cfg)
     # the real model really sampled: sampler and training log-probs agree on the sampled tokens
