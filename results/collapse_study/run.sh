@@ -3,8 +3,10 @@
 # run after another (pair by pair), each resuming from its own last.ckpt, so a stage can stop anywhere (STAGE_S seconds of
 # runs, default 2.5 h) and the next stage continues where it stopped. Needs ragen2 installed (the README's
 # command 1). After each stage:
-#   ragen2-aggregate $STUDY/runs --pair filter=top_p,none --out results/collapse_study
-#   python results/collapse_study/analyze.py $STUDY/runs          (criteria (a), (b2), (b3), (c))
+#   STUDY=outputs/collapse_study bash results/collapse_study/collect.sh   (the finished runs' files, as committed)
+#   ragen2-aggregate results/collapse_study/runs --pair filter=top_p,none --out results/collapse_study
+#   python results/collapse_study/analyze.py results/collapse_study/runs --out results/collapse_study
+#                                   (criteria (a), (b2), (b3), (c); both read the committed copies)
 #   STUDY=outputs/collapse_study STAGE_S=9000 bash results/collapse_study/run.sh
 # MODEL, FILTERS, SEEDS, DEMO_STEPS, DEMO_EPISODES and EXTRA (overrides for every run) exist for the tiny-scale test of this
 # script (tests/integration/test_collapse_study.py); the study uses the defaults.

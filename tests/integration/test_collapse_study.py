@@ -1,10 +1,12 @@
 """The collapse study's own script (results/collapse_study/run.sh) at tiny scale: the warm start, then one run
 of one iteration with the protocol's logging (the MI pass's schedule, gradient buckets, every episode, the
-end's validation); a second call finds the run done and starts nothing."""
+end's validation); a second call finds the run done and starts nothing; analyze.py reads it and collect.sh
+copies what is committed of it."""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib.util
 import json
 import math
@@ -63,6 +65,21 @@ def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_l
     assert analyzed.returncode == 0, analyzed.stderr
     (row,) = json.loads((out / "criteria.json").read_text())["runs"]
     assert (row["filter"], row["seed"], row["iterations"]) == ("top_p", 0, 1)
+
+    # collect.sh copies what is committed of the finished run, and nothing of a run its stage cut
+    (tmp_path / "runs" / "1").mkdir()
+    committed = tmp_path / "committed"
+    env = {**os.environ, "STUDY": str(tmp_path), "OUT": str(committed)}
+    for _ in range(2):  # the second call finds run 0 collected and copies nothing
+        collected = subprocess.run(
+            ["bash", str(STUDY / "collect.sh")], env=env, capture_output=True, text=True
+        )
+        assert collected.returncode == 0, collected.stderr
+    assert sorted(p.name for p in committed.iterdir()) == ["0"]
+    names = {p.name for p in (committed / "0").iterdir()}
+    assert names == {".hydra", "csv", "train.log", "curves.png", "gradients", "rollouts.rank0.jsonl.gz"}
+    with gzip.open(committed / "0" / "rollouts.rank0.jsonl.gz", "rt") as f:
+        assert f.read() == (run / "rollouts.rank0.jsonl").read_text()
 
 
 def _analysis():  # results/ is no package: the script's module, loaded from its file
