@@ -19,7 +19,7 @@ sharing one.
 over the same Sokoban collection; prompt tokens prefilled, seconds and their ratios; the sampled ids
 must be identical.
 
-  python bench/bench_sampler.py decode [--grid 4x4,8x16] [--tokens 16] [--rounds 3] [--baseline 0bbda19]
+  python bench/bench_sampler.py decode [--grid 4x4,8x16] [--tokens 16] [--rounds 3] [--baseline 0bbda19] [--compile]
   python bench/bench_sampler.py decode --device cuda --shape qwen2.5-3b --tokens 64   # random bf16 weights
       (--baseline FOLDER where git history is missing: git show 0bbda19:src/ragen2/rollout/hf.py > FOLDER/hf.py,
       the same for src/ragen2/models/kv.py)
@@ -29,6 +29,7 @@ must be identical.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -214,7 +215,7 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype) -> Any:
 
 
 def decode_steps(
-    cls: type,
+    cls: Callable[..., Any],
     tokenizer: Any,
     model: Any,
     prompts: list[list[int]],
@@ -264,7 +265,10 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     else:
         model, name = load_model(args.model).to(device).eval(), args.model
     dtype = next(model.parameters()).dtype
-    impls: dict[str, type] = {"current": HFSampler}
+    impls: dict[str, Callable[..., Any]] = {"current": HFSampler}
+    if args.compile:  # the same sampler with its fixed-shape step through torch.compile
+        step = "graph" if device.type == "cuda" else "static"
+        impls["current, compiled"] = functools.partial(HFSampler, compile=True, decode_step=step)
     if args.baseline != "none":
         old = baseline_sampler(args.baseline)
         if old is not None:
@@ -324,12 +328,15 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                 "fraction_of_bandwidth_bound": rate * t_bw,
                 "fraction_of_roofline_bound": rate * max(t_bw, t_flops),
             }
-        if len(impls) == 2:
-            base = next(iter(times))
-            row["speedup_median_per_round"] = statistics.median(
-                o / n for o, n in zip(times[base], times["current"], strict=True)
+        base = next(iter(times))
+        for label in (k for k in times if base.startswith("baseline") and k != base):
+            row["impls"][label]["speedup_median_per_round"] = statistics.median(
+                o / n for o, n in zip(times[base], times[label], strict=True)
             )
-            row["identical_ids"] = ids[base] == ids["current"]
+            row["impls"][label]["identical_ids_to_baseline"] = ids[base] == ids[label]
+        if base.startswith("baseline"):
+            row["speedup_median_per_round"] = row["impls"]["current"]["speedup_median_per_round"]
+            row["identical_ids"] = row["impls"]["current"]["identical_ids_to_baseline"]
             if device.type == "cpu":
                 assert row["identical_ids"], "the current sampler drew different ids than the baseline"
         rows_out.append(row)
@@ -415,6 +422,9 @@ def main() -> None:
         "--baseline",
         default="0bbda19",
         help="a commit (or a folder with its hf.py, kv.py) to run beside, or none",
+    )
+    d.add_argument(
+        "--compile", action="store_true", help="also the current sampler with rollout.sampler.compile=true"
     )
     d.add_argument(
         "--gemm-rows", type=int, default=0, help="rows of the FLOP-rate GEMMs (0: 512 CPU, 8192 GPU)"

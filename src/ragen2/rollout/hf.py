@@ -27,6 +27,7 @@ generator advances on the host).
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 import weakref
@@ -211,11 +212,15 @@ class HFSampler:
         reuse_prefix: bool = True,
         check_every: int | None = None,
         decode_step: str = "auto",
+        compile: bool = False,
     ) -> None:
         """``check_every``: steps between the host's stop checks (None: every step on the CPU, where a
         check waits for nothing, and every 8 on a GPU). ``decode_step``: ``graph`` records the decode step
         as a CUDA graph per batch (CUDA only), ``static`` runs that same fixed-shape step eagerly, ``eager``
-        attends to the written positions only; ``auto`` is ``graph`` on CUDA and ``eager`` elsewhere."""
+        attends to the written positions only; ``auto`` is ``graph`` on CUDA and ``eager`` elsewhere.
+        ``compile``: the fixed-shape step's forward through ``torch.compile`` (its norms, rotary embeddings and
+        activations fused into a few kernels instead of dozens per layer), compiled once per model for every
+        batch size and cache length (dynamic shapes): the first call pays the compilation."""
         if check_every is not None and check_every < 1:
             raise ValueError(
                 f"rollout.sampler.check_every={check_every} must be ≥ 1 (steps between stop checks). "
@@ -226,6 +231,12 @@ class HFSampler:
                 f"rollout.sampler.decode_step={decode_step!r} is not one of {DECODE_STEPS}. "
                 "Fix: rollout.sampler.decode_step=auto"
             )
+        if compile and decode_step == "eager":
+            raise ValueError(
+                "rollout.sampler.compile=true compiles the fixed-shape decode step, which "
+                "rollout.sampler.decode_step='eager' does not run. Fix: rollout.sampler.decode_step=static "
+                "(graph on CUDA), or rollout.sampler.compile=false"
+            )
         self.tokenizer = tokenizer
         self.model = model
         self.max_batch_size = max_batch_size
@@ -233,6 +244,7 @@ class HFSampler:
         self.reuse_prefix = reuse_prefix
         self.check_every = check_every
         self.decode_step = decode_step
+        self.compile = compile
         self.eos_ids = {i for i in (tokenizer.eos_token_id,) if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._held: list[_Prefix] = []
@@ -445,7 +457,8 @@ class HFSampler:
             return eager
         # the fixed-shape step: inputs, mask and write position live in buffers updated in place, and
         # attention covers the whole preallocated cache (positions not yet written are masked)
-        feed = torch.empty_like(tokens[:, :1])
+        forward = functools.partial(_compiled(type(model).forward), model) if self.compile else model
+        feed = torch.empty((tokens.shape[0], 1), dtype=tokens.dtype, device=tokens.device)
         positions = last_positions.clone()
         at = torch.full((1,), width - 1, dtype=torch.long, device=tokens.device)
         capacity = next(layer.capacity for layer in cache.layers if isinstance(layer, PreallocatedLayer))
@@ -456,10 +469,11 @@ class HFSampler:
         def static() -> torch.Tensor:
             keys_mask.index_fill_(1, at, True)
             with write_at(cache, at):
-                out = model(
+                out = forward(
                     input_ids=feed,
                     attention_mask=mask4,
                     position_ids=positions,
+                    cache_position=at,  # the model need not read the cache's length (a compiled step's guard)
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
@@ -547,6 +561,13 @@ class HFSampler:
                 n = len(rows[i])
                 kv[i] = [(k[j : j + 1, :, :n], v[j : j + 1, :, :n]) for k, v in picked]
         return [_Prefix((*p, *ids[i][:-1]), kv[i]) for i, p in enumerate(prompts)]
+
+
+@functools.cache
+def _compiled(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """A model class's forward compiled once per process: every sampler and model of the class shares it
+    (its weights are inputs, so an update in place needs no new compilation)."""
+    return torch.compile(forward, dynamic=True)
 
 
 def _sync(device: torch.device) -> None:

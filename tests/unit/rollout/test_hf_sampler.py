@@ -264,6 +264,11 @@ def test_restores_training_mode_and_needs_a_model(tokenizer, tiny_model, prompts
         HFSampler(tokenizer).generate(prompts[:1], GREEDY, seed=0)
 
 
+def test_compile_without_a_fixed_shape_step_is_refused(tokenizer) -> None:
+    with pytest.raises(ValueError, match=r"^rollout\.sampler\.compile=true .*decode_step='eager'.*Fix: "):
+        HFSampler(tokenizer, decode_step="eager", compile=True)
+
+
 @pytest.mark.slow
 def test_builtin_model_greedy_chat_answers() -> None:
     from ragen2.models import load_model, load_tokenizer

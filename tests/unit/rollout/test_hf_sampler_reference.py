@@ -121,6 +121,12 @@ def test_the_static_decode_step_changes_nothing(tokenizer, tiny_model, reference
     _assert_same(run_cases(tokenizer, tiny_model, check_every=4, decode_step="static"), reference)
 
 
+def test_the_compiled_static_decode_step_changes_nothing(tokenizer, tiny_model, reference) -> None:
+    """``compile=True``: the same step through torch.compile (one compilation for every batch size and cache
+    length of the cases, the second turn's included)."""
+    _assert_same(run_cases(tokenizer, tiny_model, decode_step="static", compile=True), reference)
+
+
 if __name__ == "__main__":
     from ragen2.models import load_model, load_tokenizer
 
