@@ -68,33 +68,19 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
 
 
 def _draw(
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generator: torch.Generator,
-    choose: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Next ids [b], their log-probs [b] and the entropies [b] of the temperature-scaled distribution.
-
-    torch.multinomial(probs, 1) draws exactly argmax(p / q), q ~ Exp(1), after a validity check that copies
-    a flag to the host (a sync per token on a GPU): the race is drawn here, the rest is ``choose``'s pure
-    arithmetic (``_choose``, or it compiled)."""
-    race = None
-    if params.temperature > 0:
-        race = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-        race.exponential_(1, generator=generator)
-    return (choose or _choose)(logits, race, params.temperature, params.top_k, params.top_p)
-
-
-def _choose(
-    logits: torch.Tensor, race: torch.Tensor | None, temperature: float, top_k: int, top_p: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next ids [b], their log-probs [b] and the entropies [b] of the temperature-scaled distribution."""
     logits = logits.float()
     # x / 1 is x exactly: skip a pass over [b, vocab] at the default temperature
-    scaled = logits / temperature if temperature not in (0.0, 1.0) else logits
+    scaled = logits / params.temperature if params.temperature not in (0.0, 1.0) else logits
     logp_all = torch.log_softmax(scaled, dim=-1)
-    if race is not None:
-        filtered = top_k > 0 or top_p < 1.0
-        probs = (_filter_logits(scaled, top_k, top_p) if filtered else scaled).softmax(-1)
+    if params.temperature > 0:
+        filtered = params.top_k > 0 or params.top_p < 1.0
+        probs = (_filter_logits(scaled, params.top_k, params.top_p) if filtered else scaled).softmax(-1)
+        # torch.multinomial(probs, 1) draws exactly this (argmax of p / q, q ~ Exp(1)) after a validity
+        # check that copies a flag to the host: a sync per token on a GPU
+        race = torch.empty_like(probs).exponential_(1, generator=generator)
         token = (probs / race).argmax(-1)
         probs_all = logp_all.exp() if filtered else probs
     else:
@@ -232,10 +218,9 @@ class HFSampler:
         check waits for nothing, and every 8 on a GPU). ``decode_step``: ``graph`` records the decode step
         as a CUDA graph per batch (CUDA only), ``static`` runs that same fixed-shape step eagerly, ``eager``
         attends to the written positions only; ``auto`` is ``graph`` on CUDA and ``eager`` elsewhere.
-        ``compile``: the fixed-shape step's forward and the draw's arithmetic through ``torch.compile`` (the
-        norms, rotary embeddings and activations fused into a few kernels instead of dozens per layer, the
-        draw's passes over [b, vocab] into a few), compiled once per process for every batch size and cache
-        length (dynamic shapes): the first call pays the compilation."""
+        ``compile``: the fixed-shape step's forward through ``torch.compile`` (its norms, rotary embeddings and
+        activations fused into a few kernels instead of dozens per layer), compiled once per model for every
+        batch size and cache length (dynamic shapes): the first call pays the compilation."""
         if check_every is not None and check_every < 1:
             raise ValueError(
                 f"rollout.sampler.check_every={check_every} must be ≥ 1 (steps between stop checks). "
@@ -389,7 +374,6 @@ class HFSampler:
         states: dict[int, torch.Tensor] = {}
         rewind = every > 1 and params.temperature > 0
         mode = self._mode(device)
-        choose = _compiled(_choose) if self.compile else None
         with grouped_query_attention(self.model):
             out = self.model(
                 input_ids=input_ids.to(device),
@@ -410,7 +394,7 @@ class HFSampler:
                     if s > 0:
                         logits = step(s)
                         fed += 1
-                    token, token_logp, entropy = _draw(logits, params, generator, choose)
+                    token, token_logp, entropy = _draw(logits, params, generator)
                     tokens[:, s], logps[:, s], entropies[:, s] = token, token_logp, entropy
                     if rewind:
                         states[s] = generator.get_state()
@@ -580,11 +564,10 @@ class HFSampler:
 
 
 @functools.cache
-def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (a model class's forward, or the draw's arithmetic) compiled once per process: every sampler
-    and model of the class shares it (its weights are inputs, so an update in place needs no new
-    compilation)."""
-    return torch.compile(fn, dynamic=True)
+def _compiled(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """A model class's forward compiled once per process: every sampler and model of the class shares it
+    (its weights are inputs, so an update in place needs no new compilation)."""
+    return torch.compile(forward, dynamic=True)
 
 
 def _sync(device: torch.device) -> None:
