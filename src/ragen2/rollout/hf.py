@@ -21,8 +21,9 @@ is wound back to the step where the last row stopped, so every result is what a 
 gives. The keys/values live in buffers allocated once per call (``PreallocatedLayer``). On a GPU the
 decode step is recorded once per batch as a CUDA graph and replayed (``decode_step``): a recording costs
 one step, where ``torch.compile(mode="reduce-overhead")`` would compile again for every call, each
-having a cache of a new length (the prompt grows every turn). Sampling stays outside the graph (its
-generator advances on the host).
+having a cache of a new length (the prompt grows every turn). With ``compile`` the recorded step's forward
+is first compiled with dynamic shapes (fused elementwise kernels; one compilation per process). Sampling
+stays outside the graph (its generator advances on the host).
 """
 
 from __future__ import annotations
