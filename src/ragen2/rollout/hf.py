@@ -220,8 +220,9 @@ class HFSampler:
         as a CUDA graph per batch (CUDA only), ``static`` runs that same fixed-shape step eagerly, ``eager``
         attends to the written positions only; ``auto`` is ``graph`` on CUDA and ``eager`` elsewhere.
         ``compile``: the fixed-shape step's forward through ``torch.compile`` (its norms, rotary embeddings and
-        activations fused into a few kernels instead of dozens per layer), compiled once per model for every
-        batch size and cache length (dynamic shapes): the first call pays the compilation."""
+        activations fused into a few kernels instead of dozens per layer), compiled once per process and model
+        class for every batch size and cache length (dynamic shapes): the first call pays the compilation. The
+        compiled step calls the model's ``forward``, so hooks on the model itself (not its layers) do not run."""
         if check_every is not None and check_every < 1:
             raise ValueError(
                 f"rollout.sampler.check_every={check_every} must be ≥ 1 (steps between stop checks). "
