@@ -329,12 +329,12 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                 "fraction_of_roofline_bound": rate * max(t_bw, t_flops),
             }
         base = next(iter(times))
-        for label in (k for k in times if base.startswith("baseline") and k != base):
-            row["impls"][label]["speedup_median_per_round"] = statistics.median(
-                o / n for o, n in zip(times[base], times[label], strict=True)
-            )
-            row["impls"][label]["identical_ids_to_baseline"] = ids[base] == ids[label]
         if base.startswith("baseline"):
+            for label in list(times)[1:]:
+                row["impls"][label]["speedup_median_per_round"] = statistics.median(
+                    o / n for o, n in zip(times[base], times[label], strict=True)
+                )
+                row["impls"][label]["identical_ids_to_baseline"] = ids[base] == ids[label]
             row["speedup_median_per_round"] = row["impls"]["current"]["speedup_median_per_round"]
             row["identical_ids"] = row["impls"]["current"]["identical_ids_to_baseline"]
             if device.type == "cpu":
