@@ -6,8 +6,9 @@ Reads each run's ``.hydra/overrides.yaml`` (filter, seed, algo) and ``csv/metric
 ``criteria.json`` and ``criteria.md``: (a) each run's outcome at its last MI pass against iteration 0,
 (b2) the per-sample entropy-gradient ratio across RV buckets, (b3) Spearman's ρ of the zero-RV share
 against the next pass's change in MI over the ``none`` runs, (c1) validation success top_p − none per
-seed and its 95 % t interval. (c2), MI at matched optimizer steps, is ``ragen2-aggregate --pair
-filter=top_p,none --steps …``.
+seed and its 95 % t interval, (c2) first-turn MI top_p − none per seed at the largest optimizer-step count
+both runs of the pair reached at a pass (linear between passes, as ``ragen2-aggregate --pair`` matches steps)
+and its 95 % t interval.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import sys
 from pathlib import Path
 
 from ragen2.grids.stats import ci95, spearman
+from ragen2.grids.steps import at_step
 
 MI, H = "diag/first_turn/mi_est_seq", "diag/first_turn/cond_entropy_seq"
+STEPS = "train/optimizer_steps"
 LOG2 = math.log(2.0)
 PAIRS = 3  # GRPO pairs the protocol plans (seeds 0-2); fewer finished: every verdict is interim
 
@@ -69,6 +72,19 @@ def passes(run: dict[str, object]) -> list[tuple[int, float, float]]:
     """(iteration, MI, H) at each MI pass."""
     its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
     return [(i, m[MI], m[H]) for i, m in sorted(its.items()) if MI in m and H in m]
+
+
+def mi_by_steps(run: dict[str, object]) -> list[tuple[float, float]]:
+    """(c2): (optimizer steps taken before the pass's iteration, MI) at each MI pass; a later pass at the
+    same step count replaces an earlier one."""
+    its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
+    points: dict[float, float] = {}
+    taken = 0.0
+    for _, m in sorted(its.items()):
+        if MI in m:
+            points[taken] = m[MI]
+        taken += m.get(STEPS, 0.0)
+    return sorted(points.items())
 
 
 def outcome(run: dict[str, object]) -> str:
@@ -187,6 +203,26 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
             else "no difference shown"
         )
         result[f"c1 {key}"] = ci
+    curves = {(r["filter"], r["seed"]): mi_by_steps(r) for r in grpo}
+    matched: dict[int, dict[str, float]] = {}
+    for s in sorted({s for f, s in curves if f == "top_p"} & {s for f, s in curves if f == "none"}):
+        a, b = curves["top_p", s], curves["none", s]
+        if a and b:
+            steps = min(a[-1][0], b[-1][0])
+            mi_a, mi_b = at_step(a, steps), at_step(b, steps)
+            matched[s] = {"steps": steps, "top_p": mi_a, "none": mi_b, "diff": mi_a - mi_b}  # type: ignore[operator]
+    c2 = t_interval([m["diff"] for m in matched.values()])
+    c2["per_seed"] = matched
+    c2["verdict"] = (
+        "inconclusive"
+        if c2["low"] is None
+        else "filter preserves MI"
+        if c2["low"] > 0  # type: ignore[operator]
+        else "refuted"
+        if c2["high"] < 0  # type: ignore[operator]
+        else "no difference shown"
+    )
+    result["c2"] = c2
     # a finished pair: both arms validated, i.e. a seed of (c1)'s differences
     finished = len(result["c1 val/sampled_success"]["per_seed"])  # type: ignore[index]
     result["pairs"] = {"finished": finished, "planned": PAIRS, "interim": finished < PAIRS}
@@ -213,7 +249,7 @@ def markdown(result: dict[str, object]) -> str:
             "applies the criterion to the finished runs only; the study's verdict needs every pair.",
         ]
     lines.append("")
-    for key in ("pairs", "a", "b2", "b3", "c1 val/sampled_success", "c1 val/success"):
+    for key in ("pairs", "a", "b2", "b3", "c1 val/sampled_success", "c1 val/success", "c2"):
         lines.append(f"- **{key}**: `{json.dumps(result[key])}`")
     return "\n".join(lines) + "\n"
 

@@ -99,14 +99,15 @@ def test_the_criteria_by_hand() -> None:
     mi, h = analyze.MI, analyze.H
 
     def passes(
-        mi_h: list[tuple[float, float]], zero: list[int], success: float
+        mi_h: list[tuple[float, float]], zero: list[int], success: float, steps: float
     ) -> dict[int, dict[str, float]]:
         its: dict[int, dict[str, float]] = {}
-        for i, z in enumerate(zero):  # 4 groups an iteration, z of them all-fail
+        for i, z in enumerate(zero):  # 4 groups an iteration, z of them all-fail, `steps` optimizer steps
             its[i] = {
                 "rollout/groups": 4.0,
                 "rollout/groups_all_fail": float(z),
                 "rollout/groups_all_success": 0.0,
+                "train/optimizer_steps": steps,
             }
         for i, (m, e) in zip((0, 2, 4), mi_h, strict=True):
             its[i].update({mi: m, h: e, "grad/q1/entropy_per_sample": 1.0, "grad/q2/entropy_per_sample": 1.5})
@@ -114,9 +115,10 @@ def test_the_criteria_by_hand() -> None:
         return its
 
     # MI 2.0 -> 0.8 (≤ half) with H 1.0 -> 0.9: template collapse; H falling to 0.4: full collapse
-    template = passes([(2.0, 1.0), (1.5, 1.0), (0.8, 0.9)], [0, 1, 3, 4, 0], 0.25)
-    full = passes([(2.0, 1.0), (1.9, 0.8), (0.9, 0.4)], [0, 0, 4, 2, 0], 0.5)
-    kept = passes([(2.0, 1.0), (1.8, 1.0), (1.9, 1.0)], [2, 1, 0, 0, 0], 0.5)
+    # (none runs take 3 steps an iteration, top_p runs 1)
+    template = passes([(2.0, 1.0), (1.5, 1.0), (0.8, 0.9)], [0, 1, 3, 4, 0], 0.25, 3.0)
+    full = passes([(2.0, 1.0), (1.9, 0.8), (0.9, 0.4)], [0, 0, 4, 2, 0], 0.5, 3.0)
+    kept = passes([(2.0, 1.0), (1.8, 1.0), (1.9, 1.0)], [2, 1, 0, 0, 0], 0.5, 1.0)
     runs = [_run("none", 0, template), _run("none", 1, full), _run("none", 2, template)]
     runs += [_run("top_p", 0, kept), _run("top_p", 1, kept), _run("top_p", 2, kept)]
     result = analyze.analyze(runs)
@@ -138,3 +140,12 @@ def test_the_criteria_by_hand() -> None:
     c1 = result["c1 val/sampled_success"]
     assert math.isclose(c1["mean"], 1 / 6) and math.isclose(c1["high"] - c1["mean"], 0.35856, rel_tol=1e-4)
     assert c1["verdict"] == "no difference shown"
+    # (c2) top_p's passes at 0, 2, 4 steps, none's at 0, 6, 12: matched at 4, top_p's last pass (1.9) against
+    # none's between 0 and 6: 2.0 + (1.5 - 2.0) * 4/6 = 1.6667 (template), 2.0 + (1.9 - 2.0) * 4/6 = 1.9333
+    # (full): 0.2333, -0.0333, 0.2333 -> mean 0.1444, sd 0.1540, t(2) = 4.303 -> ±0.3825
+    c2 = result["c2"]
+    assert {s: m["steps"] for s, m in c2["per_seed"].items()} == {0: 4.0, 1: 4.0, 2: 4.0}
+    diffs = [c2["per_seed"][s]["diff"] for s in range(3)]
+    assert diffs == pytest.approx([0.7 / 3, -0.1 / 3, 0.7 / 3])
+    assert math.isclose(c2["mean"], 1.3 / 9) and math.isclose(c2["high"] - c2["mean"], 0.38246, rel_tol=1e-4)
+    assert c2["verdict"] == "no difference shown"
