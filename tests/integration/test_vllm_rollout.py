@@ -36,6 +36,7 @@ def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
             "model=builtin",
             "rollout=vllm",
             "rollout.groups=2",
+            "max_turns_cap=2",  # two turns, not the CPU default of three: the second extends the first
             "rollout.save_jsonl=true",
             "rollout.sampler.kv_cache_gb=1",
             "algo.mini_batch_size=8",

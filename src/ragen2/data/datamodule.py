@@ -88,7 +88,6 @@ class RolloutDataModule(L.LightningDataModule):
             r.groups, r.group_size, self.filter, pad_id, self.seed, self.sampling, self.shaping
         )
 
-    # ---- Lightning's hooks ------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self.runner is not None:
             return
@@ -115,7 +114,6 @@ class RolloutDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return _one_batch(self.validation_rollout())
 
-    # ---- what the trainer says --------------------------------------------------------------
     @contextmanager
     def _sampling(self) -> Iterator[torch.device]:
         """The sampler holding the module's current weights, under the update's autocast (the sampler's
@@ -133,7 +131,6 @@ class RolloutDataModule(L.LightningDataModule):
             yield device
         getattr(self.sampler, "sleep", lambda: None)()
 
-    # ---- the rollouts -----------------------------------------------------------------------
     def collect(self, seeds: list[int], sample_seed: int) -> list[Episode]:
         """``group_size`` episodes of each instance seed (``ragen2.data.iteration.Collect``)."""
         assert self.runner is not None and self.sampler is not None
