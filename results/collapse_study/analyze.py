@@ -133,6 +133,28 @@ def last(run: dict[str, object], key: str) -> float | None:
     return values[-1] if values else None
 
 
+def paired_seeds(by_arm: dict[tuple[str, int], object]) -> list[int]:
+    """The seeds with both a ``top_p`` and a ``none`` run."""
+    return sorted({s for f, s in by_arm if f == "top_p"} & {s for f, s in by_arm if f == "none"})
+
+
+def paired(diffs: dict[int, float], per_seed: object, above: str, below: str) -> dict[str, object]:
+    """(c): the mean top_p − none difference over the pairs with its 95 % t interval, each seed's entry, and
+    the verdict: ``above`` if the interval is above 0, ``below`` if below, else no difference shown."""
+    ci: dict[str, object] = {**t_interval(list(diffs.values())), "per_seed": per_seed}
+    low, high = ci["low"], ci["high"]
+    ci["verdict"] = (
+        "inconclusive"
+        if low is None
+        else above
+        if low > 0  # type: ignore[operator]
+        else below
+        if high < 0  # type: ignore[operator]
+        else "no difference shown"
+    )
+    return ci
+
+
 def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
     grpo = [r for r in runs if r["algo"] == "grpo"]
     none = [r for r in grpo if r["filter"] == "none"]
@@ -185,44 +207,22 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
         result["b3"] = {"n": len(points), "verdict": "too few passes"}
     for key in ("val/sampled_success", "val/success"):
         arms = {(r["filter"], r["seed"]): last(r, key) for r in grpo}
-        seeds = sorted({s for f, s in arms if f == "top_p"} & {s for f, s in arms if f == "none"})
         diffs = {
             s: arms["top_p", s] - arms["none", s]
-            for s in seeds
+            for s in paired_seeds(arms)
             if None not in (arms["top_p", s], arms["none", s])
         }  # type: ignore[operator]
-        ci = t_interval(list(diffs.values()))
-        ci["per_seed"] = diffs
-        ci["verdict"] = (
-            "inconclusive"
-            if ci["low"] is None
-            else "filter helps"
-            if ci["low"] > 0  # type: ignore[operator]
-            else "filter hurts"
-            if ci["high"] < 0  # type: ignore[operator]
-            else "no difference shown"
-        )
-        result[f"c1 {key}"] = ci
+        result[f"c1 {key}"] = paired(diffs, diffs, "filter helps", "filter hurts")
     curves = {(r["filter"], r["seed"]): mi_by_steps(r) for r in grpo}
     matched: dict[int, dict[str, float]] = {}
-    for s in sorted({s for f, s in curves if f == "top_p"} & {s for f, s in curves if f == "none"}):
+    for s in paired_seeds(curves):
         a, b = curves["top_p", s], curves["none", s]
         if a and b:
             steps = min(a[-1][0], b[-1][0])
             mi_a, mi_b = at_step(a, steps), at_step(b, steps)
             matched[s] = {"steps": steps, "top_p": mi_a, "none": mi_b, "diff": mi_a - mi_b}  # type: ignore[operator]
-    c2 = t_interval([m["diff"] for m in matched.values()])
-    c2["per_seed"] = matched
-    c2["verdict"] = (
-        "inconclusive"
-        if c2["low"] is None
-        else "filter preserves MI"
-        if c2["low"] > 0  # type: ignore[operator]
-        else "refuted"
-        if c2["high"] < 0  # type: ignore[operator]
-        else "no difference shown"
-    )
-    result["c2"] = c2
+    diffs = {s: m["diff"] for s, m in matched.items()}
+    result["c2"] = paired(diffs, matched, "filter preserves MI", "refuted")
     # a finished pair: both arms validated, i.e. a seed of (c1)'s differences
     finished = len(result["c1 val/sampled_success"]["per_seed"])  # type: ignore[index]
     result["pairs"] = {"finished": finished, "planned": PAIRS, "interim": finished < PAIRS}
