@@ -11,6 +11,8 @@ except on the packages that hold the importing module (they are initialised befo
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -164,3 +166,34 @@ def test_ragen2_envs_imports_nothing_of_ragen2() -> None:
     graph = import_graph({**modules(ROOT / "envs" / "ragen2_envs"), **modules(ROOT / "src" / "ragen2")})
     envs = {name for name in graph if name.startswith("ragen2_envs")}
     assert not [t for name in envs for t in graph[name] if t == "ragen2" or t.startswith("ragen2.")]
+
+
+def test_every_public_name_of_ragen2_data_loads_from_its_module() -> None:
+    import ragen2.data as data
+
+    assert sorted(data._MODULE) == sorted(data.__all__)
+    for name in data.__all__:
+        assert getattr(data, name).__module__ == f"ragen2.data.{data._MODULE[name]}", name
+    with pytest.raises(AttributeError, match="has no attribute 'RolloutDatamodule'"):
+        data.RolloutDatamodule  # noqa: B018  (the misspelt name is read to raise)
+
+
+def test_a_config_error_is_found_before_lightning_loads(tmp_path: Path) -> None:
+    """The config checks read ``ragen2.data``'s ``EnvConfig`` but load no Lightning (seconds of imports): a
+    typo on the command line is answered at once. In a fresh process, as a command line starts."""
+    code = (
+        "import sys\n"
+        "from ragen2.config import compose, validate\n"
+        "from ragen2.errors import ConfigError\n"
+        f"cfg = compose(['model=tiny', '+env.kwargs.sucess_rate=0.5'], run_dir={str(tmp_path)!r})\n"
+        "try:\n"
+        "    validate(cfg)\n"
+        "except ConfigError as err:\n"
+        "    print(str(err).split('.')[0])\n"
+        "print(sorted(m for m in sys.modules if m == 'lightning' or m.startswith('lightning.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said, loaded = done.stdout.splitlines()
+    assert said == "env"  # the error names its key, env.kwargs.sucess_rate
+    assert loaded == "[]"

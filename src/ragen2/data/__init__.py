@@ -1,18 +1,53 @@
 """Rollout data: the batch type, the env/rollout/val configs, the SNR filter, DAPO's dynamic sampling and
 overlong shaping, the seeds, one iteration's rollouts (``collect_iteration``, plain torch), rollout metrics,
-held-out evaluation and the DataModule; the warm start's demonstrations and their DataModule."""
+held-out evaluation and the DataModule; the warm start's demonstrations and their DataModule.
 
-from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
-from ragen2.data.datamodule import RolloutDataModule
-from ragen2.data.demo_datamodule import DemoBatch, DemoDataModule
-from ragen2.data.demos import DemoConfig, demonstrate
-from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
-from ragen2.data.group_filter import GroupFilter
-from ragen2.data.iteration import IterationPlan, collect_iteration
-from ragen2.data.metrics import group_metrics, rollout_metrics
-from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
-from ragen2.data.sampling import DynamicSampling
-from ragen2.data.shaping import OverlongShaping
+Each name loads its module on first use: importing any ``ragen2.data.<module>`` runs this file first, and a
+config check that needs only ``EnvConfig`` must not wait seconds for Lightning (``RolloutDataModule``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ragen2.data.batch import RolloutBatch, by_group, collate_episodes
+    from ragen2.data.datamodule import RolloutDataModule
+    from ragen2.data.demo_datamodule import DemoBatch, DemoDataModule
+    from ragen2.data.demos import DemoConfig, demonstrate
+    from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
+    from ragen2.data.group_filter import GroupFilter
+    from ragen2.data.iteration import IterationPlan, collect_iteration
+    from ragen2.data.metrics import group_metrics, rollout_metrics
+    from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
+    from ragen2.data.sampling import DynamicSampling
+    from ragen2.data.shaping import OverlongShaping
+
+#: each public name's module under ragen2.data
+_MODULE = {
+    "RolloutBatch": "batch",
+    "by_group": "batch",
+    "collate_episodes": "batch",
+    "RolloutDataModule": "datamodule",
+    "DemoBatch": "demo_datamodule",
+    "DemoDataModule": "demo_datamodule",
+    "DemoConfig": "demos",
+    "demonstrate": "demos",
+    "evaluate": "evaluation",
+    "heldout_seeds": "evaluation",
+    "pass_at_k": "evaluation",
+    "GroupFilter": "group_filter",
+    "IterationPlan": "iteration",
+    "collect_iteration": "iteration",
+    "group_metrics": "metrics",
+    "rollout_metrics": "metrics",
+    "EnvConfig": "rollout_config",
+    "RolloutConfig": "rollout_config",
+    "ValConfig": "rollout_config",
+    "DynamicSampling": "sampling",
+    "OverlongShaping": "shaping",
+}
 
 __all__ = [
     "DemoBatch",
@@ -37,3 +72,12 @@ __all__ = [
     "pass_at_k",
     "rollout_metrics",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is read (PEP 562)."""
+    if name not in _MODULE:
+        raise AttributeError(f"module 'ragen2.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ragen2.data.{_MODULE[name]}"), name)
+    globals()[name] = value  # later reads skip this function
+    return value
