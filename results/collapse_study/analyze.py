@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 
 from ragen2.grids.stats import ci95, spearman
-from ragen2.grids.steps import at_step
+from ragen2.grids.steps import STEPS_KEY, at_step, by_steps
 
 MI, H = "diag/first_turn/mi_est_seq", "diag/first_turn/cond_entropy_seq"
-STEPS = "train/optimizer_steps"
 LOG2 = math.log(2.0)
 PAIRS = 3  # GRPO pairs the protocol plans (seeds 0-2); fewer finished: every verdict is interim
 
@@ -75,16 +74,15 @@ def passes(run: dict[str, object]) -> list[tuple[int, float, float]]:
 
 
 def mi_by_steps(run: dict[str, object]) -> list[tuple[float, float]]:
-    """(c2): (optimizer steps taken before the pass's iteration, MI) at each MI pass; a later pass at the
-    same step count replaces an earlier one."""
+    """(c2): (optimizer steps taken before the pass's iteration, MI) at each MI pass, read as
+    ``ragen2-aggregate`` reads it (``ragen2.grids.steps.by_steps`` of the run's columns by iteration)."""
     its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
-    points: dict[float, float] = {}
-    taken = 0.0
-    for _, m in sorted(its.items()):
-        if MI in m:
-            points[taken] = m[MI]
-        taken += m.get(STEPS, 0.0)
-    return sorted(points.items())
+    series: dict[str, list[tuple[float, float]]] = {}
+    for i, m in sorted(its.items()):
+        for key in (MI, STEPS_KEY, "train/iteration"):
+            if key in m:
+                series.setdefault(key, []).append((float(i), m[key]))
+    return by_steps(series, MI)
 
 
 def outcome(run: dict[str, object]) -> str:

@@ -108,6 +108,7 @@ def test_the_criteria_by_hand() -> None:
                 "rollout/groups_all_fail": float(z),
                 "rollout/groups_all_success": 0.0,
                 "train/optimizer_steps": steps,
+                "train/iteration": float(i),
             }
         for i, (m, e) in zip((0, 2, 4), mi_h, strict=True):
             its[i].update({mi: m, h: e, "grad/q1/entropy_per_sample": 1.0, "grad/q2/entropy_per_sample": 1.5})
