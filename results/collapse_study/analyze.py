@@ -22,6 +22,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from provenance import provenance
+
 from ragen2.grids.stats import ci95, spearman
 from ragen2.grids.steps import STEPS_KEY, at_step, by_steps
 
@@ -263,7 +266,9 @@ def main(argv: list[str]) -> None:
         if (f / "csv" / "metrics.csv").is_file()
     ]
     result = analyze(runs)
-    (args.out / "criteria.json").write_text(json.dumps(result, indent=1) + "\n")
+    # the analysis's own commit, machine and command (the runs' are in their .hydra/ and stages/*.log)
+    record = {"provenance": provenance(), **result}
+    (args.out / "criteria.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "criteria.md").write_text(markdown(result))
     print(markdown(result))
 
