@@ -150,3 +150,81 @@ def test_the_criteria_by_hand() -> None:
     assert diffs == pytest.approx([0.7 / 3, -0.1 / 3, 0.7 / 3])
     assert math.isclose(c2["mean"], 1.3 / 9) and math.isclose(c2["high"] - c2["mean"], 0.38246, rel_tol=1e-4)
     assert c2["verdict"] == "no difference shown"
+
+
+def test_the_endpoint_criteria_by_hand(tmp_path: Path) -> None:
+    """endpoints/criteria.py (the 64-row supplement) on hand-made passes and arms, through its command line."""
+
+    def write(model: str, seed: int, mi: float, h: float, retrieval: float = 0.9) -> None:
+        folder = tmp_path / "passes" / model / f"seed{seed}"
+        folder.mkdir(parents=True)
+        metrics = {"mi_est_seq": mi, "cond_entropy_seq": h, "retrieval_acc": retrieval}
+        metrics |= {"mi_upper_bound": math.log(16), "rows": 64.0}
+        (folder / "metrics.json").write_text(json.dumps({"metrics": metrics, "region": "healthy"}))
+
+    # the warm start: I = (2.0 + 2.2) / 2 = 2.1, H = 1.1; its retrieval 0.9 < 0.95: not saturated
+    write("warmstart", 0, 2.0, 1.0)
+    write("warmstart", 1, 2.2, 1.2)
+    # none runs (I ≤ 1.05 each): H 0.6 ≥ 0.55 template, 0.5 < 0.55 full, 0.7 template; top_p runs keep I
+    for run, filter_, seed, mis, h in (
+        ("1", "none", 0, (1.0, 1.0), 0.6),
+        ("3", "none", 1, (0.9, 1.1), 0.5),
+        ("5", "none", 2, (0.8, 1.0), 0.7),
+        ("0", "top_p", 0, (2.0, 2.0), 1.0),
+        ("2", "top_p", 1, (1.8, 2.0), 1.0),
+        ("4", "top_p", 2, (2.1, 2.1), 1.0),
+    ):
+        for seed_, mi in enumerate(mis):
+            write(run, seed_, mi, h)
+        hydra = tmp_path / "runs" / run / ".hydra"
+        hydra.mkdir(parents=True)
+        (hydra / "overrides.yaml").write_text(f"- filter={filter_}\n- seed={seed}\n")
+    script = STUDY / "endpoints" / "criteria.py"
+    args = [str(tmp_path / "passes"), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "endpoints.json").read_text())
+    assert (
+        result["provenance"]["command"] and "| run 5 | none | 2 |" in (tmp_path / "endpoints.md").read_text()
+    )
+    assert math.isclose(result["warmstart"]["I"], 2.1) and math.isclose(result["warmstart"]["H"], 1.1)
+    assert result["warmstart"]["passes"][0] == {"I": 2.0, "H": 1.0, "retrieval": 0.9, "C": 16, "rows": 64}
+    assert not result["saturated"]
+    outcomes = {r: v["outcome"] for r, v in result["runs"].items()}
+    assert outcomes == {
+        "0": "no collapse",
+        "1": "template collapse",
+        "2": "no collapse",
+        "3": "full collapse",
+        "4": "no collapse",
+        "5": "template collapse",
+    }
+    assert result["a-64"]["verdict"] == "supported"
+    # none: I_r − I_W = −1.1, −1.1, −1.2 -> mean −1.1333, sd 0.05774, t(2) 4.303 -> ±0.14343: lost
+    loss = result["a-loss none"]
+    assert math.isclose(loss["mean"], -3.4 / 3) and math.isclose(
+        loss["high"] - loss["mean"], 0.14343, rel_tol=1e-3
+    )
+    assert loss["verdict"] == "lost"
+    # top_p: −0.1, −0.2, 0.0 -> mean −0.1, sd 0.1 -> ±0.2484: no difference shown
+    assert result["a-loss top_p"]["verdict"] == "no difference shown"
+    # top_p − none per seed: 1.0, 0.9, 1.2 -> mean 1.0333, sd 0.15275 -> ±0.37947: higher under the filter
+    end = result["c-end"]
+    assert end["per_seed"] == pytest.approx({"0": 1.0, "1": 0.9, "2": 1.2})
+    assert (
+        math.isclose(end["low"], 3.1 / 3 - 0.37947, rel_tol=1e-3)
+        and end["verdict"] == "higher under the filter"
+    )
+
+
+def test_the_endpoint_saturation_check() -> None:
+    spec = importlib.util.spec_from_file_location("criteria", STUDY / "endpoints" / "criteria.py")
+    assert spec is not None and spec.loader is not None
+    criteria = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(criteria)
+    ceiling = math.log(16)
+    at = {"retrieval_acc": 0.96, "mi_est_seq": 0.9 * ceiling, "mi_upper_bound": ceiling}
+    assert criteria.saturated([at, at])
+    # either pass below either threshold: not saturated
+    assert not criteria.saturated([at, at | {"retrieval_acc": 0.94}])
+    assert not criteria.saturated([at | {"mi_est_seq": 0.89 * ceiling}, at])
