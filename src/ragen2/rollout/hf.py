@@ -93,10 +93,25 @@ def _draw(
     return token, token_logp, entropy
 
 
-# per tokenizer: (stop strings, vocabulary size) -> which ids could end a stop string
+# per tokenizer: (stop strings, vocabulary size) -> which ids could end a stop string; and the texts that
+# table is read from, decoded once per tokenizer whatever the stop strings (the vocabulary decoded twice is
+# most of a table's cost: seconds for Qwen's 151,936 ids)
 _STOP_TABLES: weakref.WeakKeyDictionary[Any, dict[tuple[tuple[str, ...], int], torch.Tensor]] = (
     weakref.WeakKeyDictionary()
 )
+_TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, tuple[str, list[str], list[str]]] = weakref.WeakKeyDictionary()
+
+
+def _token_texts(tokenizer: Any) -> tuple[str, list[str], list[str]]:
+    """(a plain letter's text, each id's text alone, each id's text after that letter) over the tokenizer's
+    ids."""
+    if tokenizer not in _TOKEN_TEXTS:
+        anchor = list(tokenizer.encode("a", add_special_tokens=False))
+        ids = range(len(tokenizer))
+        alone = tokenizer.batch_decode([[v] for v in ids])
+        after = tokenizer.batch_decode([[*anchor, v] for v in ids])
+        _TOKEN_TEXTS[tokenizer] = tokenizer.decode(anchor), alone, after
+    return _TOKEN_TEXTS[tokenizer]
 
 
 def stop_candidates(tokenizer: Any, stop: Sequence[str], vocab: int) -> torch.Tensor:
@@ -106,16 +121,14 @@ def stop_candidates(tokenizer: Any, stop: Sequence[str], vocab: int) -> torch.Te
     overlaps that token's text: the text contains the string or starts with a non-empty suffix of it.
     The text is taken alone and after a plain letter (decoders that drop a leading space alone keep it
     there); a text with U+FFFD (a byte sequence that another token completes), an empty text and an id
-    the tokenizer does not know are always candidates. Built once per tokenizer and stop set (~1 s).
+    the tokenizer does not know are always candidates. Built once per tokenizer and stop set (~1 s, the
+    vocabulary's texts once per tokenizer).
     """
     per_tokenizer = _STOP_TABLES.setdefault(tokenizer, {})
     key = (tuple(stop), vocab)
     if key not in per_tokenizer:
-        known = min(vocab, len(tokenizer))
-        anchor = list(tokenizer.encode("a", add_special_tokens=False))
-        lead = tokenizer.decode(anchor)
-        alone = tokenizer.batch_decode([[v] for v in range(known)])
-        after = tokenizer.batch_decode([[*anchor, v] for v in range(known)])
+        lead, alone, after = _token_texts(tokenizer)
+        known = min(vocab, len(alone))
         pieces = {s[j:] for s in stop for j in range(len(s))}  # every non-empty suffix, the string itself too
 
         def could_end(text: str) -> bool:
@@ -127,7 +140,7 @@ def stop_candidates(tokenizer: Any, stop: Sequence[str], vocab: int) -> torch.Te
         table[:known] = torch.tensor(
             [
                 could_end(a) or not b.startswith(lead) or could_end(b[len(lead) :])
-                for a, b in zip(alone, after, strict=True)
+                for a, b in zip(alone[:known], after[:known], strict=True)
             ],
             dtype=torch.bool,
         )

@@ -421,6 +421,37 @@ def test_stop_candidates_are_the_ids_that_can_end_a_stop_string(tokenizer) -> No
     assert wider[len(tokenizer) :].all()  # ids the tokenizer does not know (a padded vocabulary)
 
 
+def test_a_new_stop_set_does_not_decode_the_vocabulary_again(tokenizer) -> None:
+    """The vocabulary's texts are decoded once per tokenizer; each stop set only reads them."""
+    from ragen2.rollout.hf import stop_candidates
+
+    class Counting:  # the tokenizer, counting whole-vocabulary decodes
+        def __init__(self) -> None:
+            self.batches = 0
+
+        def __len__(self) -> int:
+            return len(tokenizer)
+
+        def encode(self, *args, **kwargs):
+            return tokenizer.encode(*args, **kwargs)
+
+        def decode(self, *args, **kwargs):
+            return tokenizer.decode(*args, **kwargs)
+
+        def batch_decode(self, *args, **kwargs):
+            self.batches += 1
+            return tokenizer.batch_decode(*args, **kwargs)
+
+    counting = Counting()
+    first = stop_candidates(counting, ("</answer>",), len(tokenizer))
+    assert counting.batches == 2  # each id alone and after a letter
+    second = stop_candidates(counting, ("</answer>", "\n\n"), len(tokenizer))
+    assert counting.batches == 2
+    # the same tables as a tokenizer decoded afresh gives, and a second stop string only adds candidates
+    assert torch.equal(first, stop_candidates(tokenizer, ("</answer>",), len(tokenizer)))
+    assert bool((second >= first).all()) and bool((second > first).any())
+
+
 class CountingTokenizer:
     """The tokenizer, counting ``decode`` calls (the stop rule's per-token cost on the host)."""
 
