@@ -59,7 +59,9 @@ def test_a_rank_that_never_arrives_ends_the_others_wait() -> None:
             )
             for rank in range(2)
         ]
-        outputs = [rank.communicate(timeout=240) for rank in ranks]
+        outputs = [ranks[0].communicate(timeout=240)]
+        ranks[1].kill()  # its answer is not the test's: no need to sit out the rest of its LATE_S
+        outputs.append(ranks[1].communicate(timeout=60))
     rank0 = outputs[0][0].strip().splitlines()
     assert rank0, outputs[0][1][-3000:]
     words = rank0[-1].split()
