@@ -128,6 +128,15 @@ def zero_share_vs_mi_change(run: dict[str, object]) -> list[tuple[float, float]]
     return pairs
 
 
+def collapse_verdict(outcomes: list[str]) -> str:
+    """(a) over the ``none`` runs' outcomes."""
+    if outcomes.count("template collapse") >= 2:
+        return "supported"
+    if outcomes and all(o == "no collapse" for o in outcomes):
+        return "refuted for this setting"
+    return "not separated from full collapse" if outcomes.count("full collapse") >= 2 else "inconclusive"
+
+
 def last(run: dict[str, object], key: str) -> float | None:
     its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
     values = [m[key] for _, m in sorted(its.items()) if key in m]
@@ -176,16 +185,7 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
         ]
     }
     outcomes = [outcome(r) for r in none]
-    result["a"] = {
-        "none_outcomes": outcomes,
-        "verdict": "supported"
-        if outcomes.count("template collapse") >= 2
-        else "refuted for this setting"
-        if outcomes and all(o == "no collapse" for o in outcomes)
-        else "not separated from full collapse"
-        if outcomes.count("full collapse") >= 2
-        else "inconclusive",
-    }
+    result["a"] = {"none_outcomes": outcomes, "verdict": collapse_verdict(outcomes)}
     ratios = [x for r in grpo for x in entropy_ratios(r)]
     b2 = t_interval(ratios)
     b2["verdict"] = (

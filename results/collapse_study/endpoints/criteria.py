@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parents[2] / "bench")]
-from analyze import paired  # noqa: E402  (the study's own interval and verdict rule)
+from analyze import collapse_verdict, paired  # noqa: E402  (the study's own verdict rules)
 from provenance import provenance  # noqa: E402
 
 WARM = "warmstart"
@@ -86,14 +86,7 @@ def analyze(passes: dict[str, list[dict[str, float]]], arms: dict[str, tuple[str
     }
     none = [v["outcome"] for v in runs.values() if v["filter"] == "none"]
     result: dict[str, object] = {"warmstart": warm, "runs": runs, "saturated": saturated(passes[WARM])}
-    result["a-64"] = {
-        "none_outcomes": none,
-        "verdict": "supported"
-        if none.count("template collapse") >= 2
-        else "refuted for this setting"
-        if none and all(o == "no collapse" for o in none)
-        else "inconclusive",
-    }
+    result["a-64"] = {"none_outcomes": none, "verdict": collapse_verdict(none)}
     for arm in ("none", "top_p"):
         loss = {v["seed"]: v["I"] - warm["I"] for v in runs.values() if v["filter"] == arm}  # type: ignore[operator]
         result[f"a-loss {arm}"] = paired(loss, loss, "gained", "lost")
