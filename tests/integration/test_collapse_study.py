@@ -228,3 +228,28 @@ def test_the_endpoint_saturation_check() -> None:
     # either pass below either threshold: not saturated
     assert not criteria.saturated([at, at | {"retrieval_acc": 0.94}])
     assert not criteria.saturated([at | {"mi_est_seq": 0.89 * ceiling}, at])
+
+
+def test_the_reading_ceiling_by_hand() -> None:
+    """Post hoc: the MI a pass shows when the reasoning reads exactly the player's and the goal's cells."""
+    spec = importlib.util.spec_from_file_location("criteria", STUDY / "endpoints" / "criteria.py")
+    assert spec is not None and spec.loader is not None
+    criteria = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(criteria)
+
+    def row(column: int, player: str, goal: str) -> dict[str, object]:
+        return {"column": column, "reasoning": f"I am at ({player}). The goal is at ({goal}). Go Right."}
+
+    # prompts 0 and 1 share their cells (k = 2), prompts 2 and 3 stand alone (k = 1); prompt 0's third row
+    # names other cells, outvoted by its first two: log(4/2) for 4 rows, log 4 for 2 -> (4 ln 2 + 2 ln 4) / 6
+    rows = [
+        row(0, "0, 0", "2, 2"),
+        row(0, "0, 0", "2, 2"),
+        row(0, "1, 0", "2, 2"),
+        row(1, "0, 0", "2, 2"),
+        row(2, "0, 1", "2, 2"),
+        row(3, "1, 1", "2, 2"),
+    ]
+    assert math.isclose(criteria.reading_ceiling(rows), (4 * math.log(2) + 2 * math.log(4)) / 6)
+    # a prompt none of whose rows names its cells: no ceiling
+    assert criteria.reading_ceiling([*rows, {"column": 4, "reasoning": "Let me think."}]) is None

@@ -13,8 +13,10 @@ study run's folder name) and each run's arm (filter, seed) from ``<runs>/<r>/.hy
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -26,6 +28,8 @@ from provenance import provenance  # noqa: E402
 
 WARM = "warmstart"
 SATURATED = {"retrieval_acc": 0.95, "mi_fraction": 0.9}  # PROTOCOL.md's saturation check
+# the warm start's reasoning names the player's and the goal's cells ("I am at (0, 1). The goal is at (0, 2).")
+CELLS = re.compile(r"I am at \((\d+), (\d+)\)\. The goal is at \((\d+), (\d+)\)")
 
 
 def read_passes(folder: Path) -> dict[str, list[dict[str, float]]]:
@@ -76,6 +80,24 @@ def saturated(warm_passes: list[dict[str, float]]) -> bool:
     )
 
 
+def reading_ceiling(rows: list[dict[str, object]]) -> float | None:
+    """Post hoc (not in PROTOCOL.md): the pass's MI if the reasoning read exactly the player's and the goal's
+    cells and nothing else. A row then scores alike under the k prompts that share its instance's two cells
+    and far lower under the rest, so its matched − marginal is log(C / k); the mean over rows. Each prompt's
+    cells are the ones its rows name most often; None when some prompt's rows name none."""
+    named: dict[int, collections.Counter[tuple[str, ...]]] = {}
+    for row in rows:
+        found = CELLS.search(str(row["reasoning"]))
+        if found:
+            named.setdefault(int(row["column"]), collections.Counter())[found.groups()] += 1  # type: ignore[arg-type]
+    columns = {int(row["column"]) for row in rows}  # type: ignore[arg-type]
+    if set(named) != columns:
+        return None
+    cells = {c: counts.most_common(1)[0][0] for c, counts in named.items()}
+    sharing = collections.Counter(cells.values())
+    return statistics.fmean(math.log(len(columns) / sharing[cells[int(r["column"])]]) for r in rows)  # type: ignore[arg-type]
+
+
 def analyze(passes: dict[str, list[dict[str, float]]], arms: dict[str, tuple[str, int]]) -> dict[str, object]:
     models = {name: summary(p) for name, p in passes.items()}
     warm = models[WARM]
@@ -120,7 +142,7 @@ def markdown(result: dict[str, object]) -> str:
     for r, v in result["runs"].items():  # type: ignore[union-attr]
         lines.append(f"| run {r} | {v['filter']} | {v['seed']} | {cells(v)} | {v['outcome']} |")
     lines += ["", f"- **saturated** (PROTOCOL.md's check): {result['saturated']}"]
-    for key in ("a-64", "a-loss none", "a-loss top_p", "c-end"):
+    for key in ("a-64", "a-loss none", "a-loss top_p", "c-end", "reading_ceiling (post hoc)"):
         lines.append(f"- **{key}**: `{json.dumps(result[key])}`")
     return "\n".join(lines) + "\n"
 
@@ -133,6 +155,10 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     arms = {f.name: read_arm(f) for f in args.runs.iterdir() if (f / ".hydra" / "overrides.yaml").is_file()}
     result = analyze(read_passes(args.passes), arms)
+    warm_rows = sorted((args.passes / WARM).glob("seed*/rows.jsonl"))
+    result["reading_ceiling (post hoc)"] = [
+        reading_ceiling([json.loads(line) for line in path.read_text().splitlines()]) for path in warm_rows
+    ]
     (args.out / "endpoints.json").write_text(
         json.dumps({"provenance": provenance(), **result}, indent=1) + "\n"
     )
