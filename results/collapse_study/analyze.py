@@ -41,10 +41,15 @@ def _float(value: str | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+def overrides(folder: Path) -> dict[str, str]:
+    """A run's command-line overrides, from its ``.hydra/overrides.yaml``."""
+    lines = (folder / ".hydra" / "overrides.yaml").read_text().splitlines()
+    return dict(line.removeprefix("- ").split("=", 1) for line in lines if "=" in line)
+
+
 def read_run(folder: Path) -> dict[str, object]:
     """One run: its arm (filter, seed, algo) and its metrics by iteration (every row logged at that step)."""
-    overrides = (folder / ".hydra" / "overrides.yaml").read_text().splitlines()
-    arm = dict(line.removeprefix("- ").split("=", 1) for line in overrides if "=" in line)
+    arm = overrides(folder)
     by_iteration: dict[int, dict[str, float]] = {}
     with (folder / "csv" / "metrics.csv").open() as f:
         for row in csv.DictReader(f):
@@ -94,6 +99,11 @@ def outcome(run: dict[str, object]) -> str:
     if len(p) < 2 or p[0][0] != 0:
         return "too few passes"
     (_, mi0, h0), (_, mit, ht) = p[0], p[-1]
+    return collapse_outcome(mi0, h0, mit, ht)
+
+
+def collapse_outcome(mi0: float, h0: float, mit: float, ht: float) -> str:
+    """(a) from MI and H at the start and at the end."""
     if mit > 0.5 * mi0:
         return "no collapse"
     return "template collapse" if ht >= 0.5 * h0 else "full collapse"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parents[2] / "bench")]
-from analyze import collapse_verdict, paired  # noqa: E402  (the study's own verdict rules)
+from analyze import collapse_outcome, collapse_verdict, overrides, paired, paired_seeds  # noqa: E402  (the study's own verdict rules)
 from provenance import provenance  # noqa: E402
 
 WARM = "warmstart"
@@ -42,8 +42,7 @@ def read_passes(folder: Path) -> dict[str, list[dict[str, float]]]:
 
 def read_arm(run: Path) -> tuple[str, int]:
     """(filter, seed) of a study run, from its Hydra overrides (the defaults: top_p, 0)."""
-    lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
-    arm = dict(line.removeprefix("- ").split("=", 1) for line in lines if "=" in line)
+    arm = overrides(run)
     return arm.get("filter", "top_p"), int(arm.get("seed", 0))
 
 
@@ -67,9 +66,7 @@ def summary(passes: list[dict[str, float]]) -> dict[str, object]:
 
 def outcome(model: dict[str, object], warm: dict[str, object]) -> str:
     """(a-64): the study's rule (a), with the warm start as iteration 0."""
-    if model["I"] > 0.5 * warm["I"]:  # type: ignore[operator]
-        return "no collapse"
-    return "template collapse" if model["H"] >= 0.5 * warm["H"] else "full collapse"  # type: ignore[operator]
+    return collapse_outcome(warm["I"], warm["H"], model["I"], model["H"])  # type: ignore[arg-type]
 
 
 def saturated(warm_passes: list[dict[str, float]]) -> bool:
@@ -113,8 +110,7 @@ def analyze(passes: dict[str, list[dict[str, float]]], arms: dict[str, tuple[str
         loss = {v["seed"]: v["I"] - warm["I"] for v in runs.values() if v["filter"] == arm}  # type: ignore[operator]
         result[f"a-loss {arm}"] = paired(loss, loss, "gained", "lost")
     by_arm = {(v["filter"], v["seed"]): v["I"] for v in runs.values()}
-    seeds = sorted({s for f, s in by_arm if f == "top_p"} & {s for f, s in by_arm if f == "none"})
-    diffs = {s: by_arm["top_p", s] - by_arm["none", s] for s in seeds}  # type: ignore[operator]
+    diffs = {s: by_arm["top_p", s] - by_arm["none", s] for s in paired_seeds(by_arm)}  # type: ignore[operator]
     result["c-end"] = paired(diffs, diffs, "higher under the filter", "lower under the filter")
     return result
 
