@@ -19,7 +19,7 @@ sharing one.
 over the same Sokoban collection; prompt tokens prefilled, seconds and their ratios; the sampled ids
 must be identical.
 
-  python bench/bench_sampler.py decode [--grid 4x4,8x16] [--tokens 16] [--rounds 3] [--baseline 0bbda19] [--compile [--compile-modes default,max-autotune-no-cudagraphs]]
+  python bench/bench_sampler.py decode [--grid 4x4,8x16] [--tokens 16] [--rounds 3] [--baseline 0bbda19] [--compile]
   python bench/bench_sampler.py decode --device cuda --shape qwen2.5-3b --tokens 64   # random bf16 weights
       (--baseline FOLDER where git history is missing: git show 0bbda19:src/ragen2/rollout/hf.py > FOLDER/hf.py,
       the same for src/ragen2/models/kv.py)
@@ -266,11 +266,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
         model, name = load_model(args.model).to(device).eval(), args.model
     dtype = next(model.parameters()).dtype
     impls: dict[str, Callable[..., Any]] = {"current": HFSampler}
-    step = "graph" if device.type == "cuda" else "static"
-    modes = args.compile_modes.split(",") if args.compile else []
-    for mode in modes:  # the same sampler with its fixed-shape step through torch.compile
-        label = "current, compiled" + ("" if mode == "default" else f" ({mode})")
-        impls[label] = functools.partial(HFSampler, compile=True, compile_mode=mode, decode_step=step)
+    if args.compile:  # the same sampler with its fixed-shape step through torch.compile
+        step = "graph" if device.type == "cuda" else "static"
+        impls["current, compiled"] = functools.partial(HFSampler, compile=True, decode_step=step)
     if args.baseline != "none":
         old = baseline_sampler(args.baseline)
         if old is not None:
@@ -427,11 +425,6 @@ def main() -> None:
     )
     d.add_argument(
         "--compile", action="store_true", help="also the current sampler with rollout.sampler.compile=true"
-    )
-    d.add_argument(
-        "--compile-modes",
-        default="default",
-        help="rollout.sampler.compile_mode values run with --compile, comma-separated",
     )
     d.add_argument(
         "--gemm-rows", type=int, default=0, help="rows of the FLOP-rate GEMMs (0: 512 CPU, 8192 GPU)"

@@ -52,8 +52,6 @@ from ragen2.progress import bar
 from ragen2.rollout.base import FinishReason, PromptMeta, Sample, SamplingParams
 
 DECODE_STEPS = ("auto", "eager", "static", "graph")
-#: torch.compile modes for the fixed-shape step: those that record no CUDA graph of their own (the step is one)
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -229,7 +227,6 @@ class HFSampler:
         check_every: int | None = None,
         decode_step: str = "auto",
         compile: bool = False,
-        compile_mode: str = "default",
     ) -> None:
         """``check_every``: steps between the host's stop checks (None: every step on the CPU, where a
         check waits for nothing, and every 8 on a GPU). ``decode_step``: ``graph`` records the decode step
@@ -238,9 +235,7 @@ class HFSampler:
         ``compile``: the fixed-shape step's forward through ``torch.compile`` (its norms, rotary embeddings and
         activations fused into a few kernels instead of dozens per layer), compiled once per process and model
         class for every batch size and cache length (dynamic shapes): the first call pays the compilation. The
-        compiled step calls the model's ``forward``, so hooks on the model itself (not its layers) do not run.
-        ``compile_mode``: torch.compile's mode; ``max-autotune-no-cudagraphs`` also times Triton matmul kernels
-        against cuBLAS for each projection's shape (a longer first call)."""
+        compiled step calls the model's ``forward``, so hooks on the model itself (not its layers) do not run."""
         if check_every is not None and check_every < 1:
             raise ValueError(
                 f"rollout.sampler.check_every={check_every} must be ≥ 1 (steps between stop checks). "
@@ -257,11 +252,6 @@ class HFSampler:
                 "rollout.sampler.decode_step='eager' does not run. Fix: rollout.sampler.decode_step=static "
                 "(graph on CUDA), or rollout.sampler.compile=false"
             )
-        if compile_mode not in COMPILE_MODES:
-            raise ValueError(
-                f"rollout.sampler.compile_mode={compile_mode!r} is not one of {COMPILE_MODES} (the decode step "
-                "is recorded as a CUDA graph already). Fix: rollout.sampler.compile_mode=default"
-            )
         self.tokenizer = tokenizer
         self.model = model
         self.max_batch_size = max_batch_size
@@ -270,7 +260,6 @@ class HFSampler:
         self.check_every = check_every
         self.decode_step = decode_step
         self.compile = compile
-        self.compile_mode = compile_mode
         self.eos_ids = {i for i in (tokenizer.eos_token_id,) if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._held: list[_Prefix] = []
@@ -483,11 +472,7 @@ class HFSampler:
             return eager
         # the fixed-shape step: inputs, mask and write position live in buffers updated in place, and
         # attention covers the whole preallocated cache (positions not yet written are masked)
-        forward = (
-            functools.partial(_compiled(type(model).forward, self.compile_mode), model)
-            if self.compile
-            else model
-        )
+        forward = functools.partial(_compiled(type(model).forward), model) if self.compile else model
         feed = torch.empty((tokens.shape[0], 1), dtype=tokens.dtype, device=tokens.device)
         positions = last_positions.clone()
         at = torch.full((1,), width - 1, dtype=torch.long, device=tokens.device)
@@ -594,10 +579,10 @@ class HFSampler:
 
 
 @functools.cache
-def _compiled(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
-    """A model class's forward compiled once per process and mode: every sampler and model of the class
-    shares it (its weights are inputs, so an update in place needs no new compilation)."""
-    return torch.compile(forward, dynamic=True, mode=mode)
+def _compiled(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """A model class's forward compiled once per process: every sampler and model of the class shares it
+    (its weights are inputs, so an update in place needs no new compilation)."""
+    return torch.compile(forward, dynamic=True)
 
 
 def _sync(device: torch.device) -> None:

@@ -269,13 +269,6 @@ def test_compile_without_a_fixed_shape_step_is_refused(tokenizer) -> None:
         HFSampler(tokenizer, decode_step="eager", compile=True)
 
 
-def test_a_compile_mode_that_records_its_own_cuda_graph_is_refused(tokenizer) -> None:
-    with pytest.raises(
-        ValueError, match=r"^rollout\.sampler\.compile_mode='reduce-overhead' .*Fix: .*=default$"
-    ):
-        HFSampler(tokenizer, compile=True, compile_mode="reduce-overhead")
-
-
 @pytest.mark.slow
 def test_builtin_model_greedy_chat_answers() -> None:
     from ragen2.models import load_model, load_tokenizer
