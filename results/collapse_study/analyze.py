@@ -1,6 +1,7 @@
 """The collapse study's pre-registered criteria (PROTOCOL.md) from its runs' metrics, written before any run.
 
     python results/collapse_study/analyze.py outputs/collapse_study/runs [--out results/collapse_study]
+    python results/collapse_study/analyze.py results/collapse_study/ppo/runs --algo ppo --out results/collapse_study/ppo
 
 Reads each run's ``.hydra/overrides.yaml`` (filter, seed, algo) and ``csv/metrics.csv``; prints and writes
 ``criteria.json`` and ``criteria.md``: (a) each run's outcome at its last MI pass against iteration 0,
@@ -30,7 +31,8 @@ from ragen2.grids.steps import STEPS_KEY, at_step, by_steps
 
 MI, H = "diag/first_turn/mi_est_seq", "diag/first_turn/cond_entropy_seq"
 LOG2 = math.log(2.0)
-PAIRS = 3  # GRPO pairs the protocol plans (seeds 0-2); fewer finished: every verdict is interim
+# pairs the protocol plans per algorithm; fewer finished: every verdict is interim
+PAIRS = {"grpo": 3, "ppo": 1}
 
 
 def _float(value: str | None) -> float | None:
@@ -175,10 +177,12 @@ def paired(diffs: dict[int, float], per_seed: object, above: str, below: str) ->
     return ci
 
 
-def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
-    grpo = [r for r in runs if r["algo"] == "grpo"]
-    none = [r for r in grpo if r["filter"] == "none"]
+def analyze(runs: list[dict[str, object]], algo: str = "grpo") -> dict[str, object]:
+    """The criteria over the runs of one algorithm (the GRPO pairs, or the PPO pair read the same way)."""
+    chosen = [r for r in runs if r["algo"] == algo]
+    none = [r for r in chosen if r["filter"] == "none"]
     result: dict[str, object] = {
+        "algo": algo,
         "runs": [
             {
                 "folder": r["folder"],
@@ -191,12 +195,12 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
                 "val/success": last(r, "val/success"),
                 "val/sampled_success": last(r, "val/sampled_success"),
             }
-            for r in runs
-        ]
+            for r in chosen
+        ],
     }
     outcomes = [outcome(r) for r in none]
     result["a"] = {"none_outcomes": outcomes, "verdict": collapse_verdict(outcomes)}
-    ratios = [x for r in grpo for x in entropy_ratios(r)]
+    ratios = [x for r in chosen for x in entropy_ratios(r)]
     b2 = t_interval(ratios)
     b2["verdict"] = (
         "inconclusive"
@@ -217,14 +221,14 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
     else:
         result["b3"] = {"n": len(points), "verdict": "too few passes"}
     for key in ("val/sampled_success", "val/success"):
-        arms = {(r["filter"], r["seed"]): last(r, key) for r in grpo}
+        arms = {(r["filter"], r["seed"]): last(r, key) for r in chosen}
         diffs = {
             s: arms["top_p", s] - arms["none", s]
             for s in paired_seeds(arms)
             if None not in (arms["top_p", s], arms["none", s])
         }  # type: ignore[operator]
         result[f"c1 {key}"] = paired(diffs, diffs, "filter helps", "filter hurts")
-    curves = {(r["filter"], r["seed"]): mi_by_steps(r) for r in grpo}
+    curves = {(r["filter"], r["seed"]): mi_by_steps(r) for r in chosen}
     matched: dict[int, dict[str, float]] = {}
     for s in paired_seeds(curves):
         a, b = curves["top_p", s], curves["none", s]
@@ -236,13 +240,13 @@ def analyze(runs: list[dict[str, object]]) -> dict[str, object]:
     result["c2"] = paired(diffs, matched, "filter preserves MI", "refuted")
     # a finished pair: both arms validated, i.e. a seed of (c1)'s differences
     finished = len(result["c1 val/sampled_success"]["per_seed"])  # type: ignore[index]
-    result["pairs"] = {"finished": finished, "planned": PAIRS, "interim": finished < PAIRS}
+    result["pairs"] = {"finished": finished, "planned": PAIRS[algo], "interim": finished < PAIRS[algo]}
     return result
 
 
 def markdown(result: dict[str, object]) -> str:
     lines = [
-        "# The collapse study's criteria (analyze.py)",
+        f"# The collapse study's criteria (analyze.py, algo={result['algo']})",
         "",
         "| run | filter | seed | algo | iterations | outcome | val success | val sampled |",
         "|---|---|---|---|---|---|---|---|",
@@ -269,13 +273,14 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, help="the study's runs folder (0/, 1/, …)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--algo", choices=sorted(PAIRS), default="grpo", help="whose runs the criteria read")
     args = parser.parse_args(argv)
     runs = [
         read_run(f)
         for f in sorted(args.runs.iterdir(), key=lambda p: p.name)
         if (f / "csv" / "metrics.csv").is_file()
     ]
-    result = analyze(runs)
+    result = analyze(runs, args.algo)
     # the analysis's own commit, machine and command (the runs' are in their .hydra/ and stages/*.log)
     record = {"provenance": provenance(), **result}
     (args.out / "criteria.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -129,6 +129,16 @@ def test_the_criteria_by_hand() -> None:
     partial[-1]["iterations"] = {i: {} for i in range(5)}
     assert analyze.analyze(partial)["pairs"] == {"finished": 1, "planned": 3, "interim": True}
     assert "Interim: 1 of 3 pairs" in analyze.markdown(analyze.analyze(partial))
+    # the PPO pair (one planned) read the same way, from the same folder's runs; GRPO's criteria ignore it
+    ppo = [{**_run("none", 0, template), "algo": "ppo"}, {**_run("top_p", 0, kept), "algo": "ppo"}]
+    assert analyze.analyze([*runs, *ppo]) == result
+    alone = analyze.analyze([*runs, *ppo], "ppo")
+    assert [r["algo"] for r in alone["runs"]] == ["ppo", "ppo"] and alone["algo"] == "ppo"
+    assert alone["pairs"] == {"finished": 1, "planned": 1, "interim": False}
+    assert alone["a"]["none_outcomes"] == ["template collapse"]
+    # one pair: its difference (0.5 - 0.25), no interval
+    c1 = alone["c1 val/sampled_success"]
+    assert (c1["per_seed"], c1["low"], c1["verdict"]) == ({0: 0.25}, None, "inconclusive")
     assert result["a"]["none_outcomes"] == ["template collapse", "full collapse", "template collapse"]
     assert result["a"]["verdict"] == "supported"
     # every pass: log(1.5 / 1.0) = 0.405 < log 2, no spread: the interval is the point
