@@ -98,7 +98,6 @@ def small_llama():
 SHARED_UNITS = {
     "tests/integration/test_slurm.py": "slurm",
     "tests/integration/test_preemption.py": "slurm",
-    "tests/integration/test_aggregate.py": "slurm",
     "tests/integration/test_multirank.py": "ranks",
     "tests/integration/test_checkpoint_ranks.py": "ranks",
     "tests/integration/test_pg_timeout.py": "ranks",
