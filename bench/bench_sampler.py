@@ -7,7 +7,9 @@ input embedding only for b rows) and every row's keys/values at its attended pos
 copy (read + write bytes ÷ time), the FLOP rate the model's own GEMM shapes (one layer's projections ×
 layers, plus the LM head) at a large row count. Printed: the bandwidth bound (bytes ÷ bandwidth, the
 issue's) and the roofline bound (max of bytes ÷ bandwidth and FLOPs ÷ FLOP rate), the achieved rate as a
-fraction of each, and the rate of the step's GEMMs alone at b rows (what the matmul kernels allow).
+fraction of each, and the rate of the step's GEMMs alone at b rows (what the matmul kernels allow): launched
+one by one; on CUDA also replayed from one CUDA graph (no launch cost, as the sampler's recorded step runs
+them), and fused (q/k/v as one matmul, gate/up as one: what fusing those projections would allow).
 ``--baseline REF`` runs the sampler of commit REF (its ``rollout/hf.py`` and ``models/kv.py``, read with
 git) beside the current one, interleaved, on the same prompts and seed; both must sample the same ids on
 the CPU. A step's time is the interval between two consecutive decode forwards (the whole loop body),
@@ -85,17 +87,48 @@ def copy_bandwidth(device: torch.device, megabytes: int) -> float:
     return 2 * src.numel() * 4 / _best(lambda: dst.copy_(src), device, 5)
 
 
-def linear_shapes(model: Any) -> tuple[list[tuple[int, int]], tuple[int, int], int]:
-    """(in, out) of one decoder layer's linears, of the LM head, and the layer count."""
+#: a decoder layer's linears that read one input (Llama's and Qwen2's names): one matmul each when fused
+FUSABLE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def linear_shapes(model: Any, fused: bool = False) -> tuple[list[tuple[int, int]], tuple[int, int], int]:
+    """(in, out) of one decoder layer's linears (``fused``: each FUSABLE group as one, its outputs side by
+    side), of the LM head, and the layer count."""
     layers = model.model.layers
-    layer = [(m.in_features, m.out_features) for m in layers[0].modules() if isinstance(m, torch.nn.Linear)]
+    named = [
+        (n.rsplit(".", 1)[-1], m) for n, m in layers[0].named_modules() if isinstance(m, torch.nn.Linear)
+    ]
+    shapes: dict[str, tuple[int, int]] = {}  # by the name of its group's first linear (or its own)
+    for name, m in named:
+        group = next((g for g in FUSABLE if name in g), (name,)) if fused else (name,)
+        first = next((n for n in group if n in shapes), name)
+        i, o = shapes.get(first, (m.in_features, 0))
+        shapes[first] = (i, o + m.out_features)
     head = model.get_output_embeddings()
-    return layer, (head.in_features, head.out_features), len(layers)
+    return list(shapes.values()), (head.in_features, head.out_features), len(layers)
 
 
-def gemm_seconds(model: Any, rows: int, device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
-    """(FLOPs, seconds) of all the model's matmuls on ``rows`` rows: one layer's × layers, plus the head."""
-    layer, head, n_layers = linear_shapes(model)
+def _graphed(fn: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``fn`` recorded as one CUDA graph, replayed (its kernels without their launch cost); ``fn`` elsewhere."""
+    if device.type != "cuda":
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # cuBLAS picks its kernels and workspace before the recording
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def gemm_seconds(
+    model: Any, rows: int, device: torch.device, dtype: torch.dtype, fused: bool = False, graph: bool = False
+) -> tuple[float, float]:
+    """(FLOPs, seconds) of all the model's matmuls on ``rows`` rows: one layer's × layers, plus the head;
+    ``fused``: with FUSABLE groups as one matmul each; ``graph``: replayed from a CUDA graph (on CUDA)."""
+    layer, head, n_layers = linear_shapes(model, fused)
     gen = torch.Generator(device=device).manual_seed(0)
 
     def make(shapes: Sequence[tuple[int, int]]) -> Callable[[], None]:
@@ -106,7 +139,7 @@ def gemm_seconds(model: Any, rows: int, device: torch.device, dtype: torch.dtype
             for x, w in zip(xs, ws, strict=True):
                 torch.nn.functional.linear(x, w)
 
-        return run
+        return _graphed(run, device) if graph else run
 
     t_layer, t_head = _best(make(layer), device, 3), _best(make([head]), device, 3)
     flops = 2 * rows * (n_layers * sum(i * o for i, o in layer) + head[0] * head[1])
@@ -307,6 +340,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
         t_bw = bytes_ / (machine["copy_bandwidth_GBps"] * 1e9)
         t_flops = cost["flops"] / (machine["gemm_GFLOPps"] * 1e9)
         _, t_gemm = gemm_seconds(model, b, device, dtype)
+        graph = device.type == "cuda"  # on the CPU a graph is the same launches: both columns eager there
+        _, t_graphed = gemm_seconds(model, b, device, dtype, graph=graph)
+        _, t_fused = gemm_seconds(model, b, device, dtype, fused=True, graph=graph)
         row: dict[str, Any] = {
             "grid": spec,
             "rows": b,
@@ -317,6 +353,8 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
             "bound_roofline_steps_per_s": 1 / max(t_bw, t_flops),
             "bound_is": "compute" if t_flops > t_bw else "bandwidth",
             "gemms_alone_steps_per_s": 1 / t_gemm,
+            "gemms_graphed_steps_per_s": 1 / t_graphed,
+            "gemms_fused_steps_per_s": 1 / t_fused,
             "impls": {},
         }
         for label, ts in times.items():
@@ -347,6 +385,7 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ["rows", "impl", "steps/s", "tok/s", "bw bound", "of bw", "roofline", "of roofline", "GEMMs alone"]
+    head += ["graphed", "fused"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         for label, m in r["impls"].items():
@@ -360,6 +399,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{r['bound_roofline_steps_per_s']:.2f} ({r['bound_is']})",
                 f"{m['fraction_of_roofline_bound']:.0%}",
                 f"{r['gemms_alone_steps_per_s']:.2f}",
+                f"{r['gemms_graphed_steps_per_s']:.2f}",
+                f"{r['gemms_fused_steps_per_s']:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

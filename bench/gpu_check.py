@@ -103,6 +103,7 @@ def decode_summary(data: dict[str, Any]) -> dict[str, Any]:
                 "fraction_of_bandwidth_bound": cur["fraction_of_bandwidth_bound"],
                 "goal_fraction_of_bandwidth_bound": BANDWIDTH_GOAL,
                 "goal_met": cur["fraction_of_bandwidth_bound"] >= BANDWIDTH_GOAL,
+                **{k: g.get(k) for k in ("gemms_alone_steps_per_s", "gemms_graphed_steps_per_s", "gemms_fused_steps_per_s")},
                 "speedup_over_baseline": cur.get("speedup_median_per_round"),
                 "identical_ids_to_baseline": cur.get("identical_ids_to_baseline"),
             })  # fmt: skip
