@@ -9,7 +9,8 @@
 #                                   (criteria (a), (b2), (b3), (c); both read the committed copies)
 #   STUDY=outputs/collapse_study STAGE_S=9000 bash results/collapse_study/run.sh
 # MODEL, FILTERS, SEEDS, DEMO_STEPS, DEMO_EPISODES and EXTRA (overrides for every run) exist for the tiny-scale test of this
-# script (tests/integration/test_collapse_study.py); the study uses the defaults.
+# script (tests/integration/test_collapse_study.py) and the PPO pair (EXTRA=algo=ppo SEEDS=0); the study uses the
+# defaults. FILTERS= (set, empty) builds the warm start and runs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STUDY=${STUDY:-outputs/collapse_study}
@@ -17,8 +18,8 @@ STAGE_S=${STAGE_S:-9000}
 ITERATIONS=${ITERATIONS:-20}
 MI_EVERY=${MI_EVERY:-4}
 MODEL=${MODEL:-builtin}
-FILTERS=${FILTERS:-top_p none}
-SEEDS=${SEEDS:-0 1 2}
+FILTERS=${FILTERS-top_p none}
+SEEDS=${SEEDS-0 1 2}
 DEMO_STEPS=${DEMO_STEPS:-144}
 DEMO_EPISODES=${DEMO_EPISODES:-1152}
 read -ra EXTRA <<<"${EXTRA:-}"

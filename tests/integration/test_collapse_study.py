@@ -31,8 +31,8 @@ TINY = {
 }
 
 
-def _study(folder: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **TINY, "STUDY": str(folder), "PYTHON": sys.executable}
+def _study(folder: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **TINY, "STUDY": str(folder), "PYTHON": sys.executable, **settings}
     return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -40,9 +40,12 @@ def _study(folder: Path) -> subprocess.CompletedProcess[str]:
 def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_logging(
     tmp_path: Path,
 ) -> None:
+    alone = _study(tmp_path, FILTERS="")  # set and empty: the warm start, and no run
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert (tmp_path / "warmstart" / "model" / "warmstart.json").is_file()
+    assert not (tmp_path / "runs").exists()
     done = _study(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "warmstart" / "model" / "warmstart.json").is_file()
     run = tmp_path / "runs" / "0"
     assert (run / "done").is_file()
     with (run / "csv" / "metrics.csv").open() as f:
