@@ -101,9 +101,11 @@ def test_the_reference_is_the_base_model_with_the_adapters_off_and_no_second_cop
     inputs = update.prepare(batch, torch.arange(8), on_policy=torch.arange(0), kl_reward=None)
     assert inputs.ref_logp is not None
     base = load_model("tiny")  # the pretrained model, loaded on its own
-    torch.testing.assert_close(inputs.ref_logp, own_logp(base, batch), rtol=0, atol=1e-6)
+    # fp32 log-probs near -10 (one ulp ~1e-6) from two forward passes: 1.9e-6 apart was seen once in the
+    # full suite, rounding; the adapters move them by over 1e-3 (below)
+    torch.testing.assert_close(inputs.ref_logp, own_logp(base, batch), rtol=0, atol=1e-5)
     # the policy's own log-probs are the adapted model's, not the base's
-    torch.testing.assert_close(inputs.old_logp, own_logp(module.policy, batch), rtol=0, atol=1e-6)
+    torch.testing.assert_close(inputs.old_logp, own_logp(module.policy, batch), rtol=0, atol=1e-5)
     assert float((inputs.old_logp - inputs.ref_logp).abs().max()) > 1e-3
     # the adapters are on again, and trainable, after the reference pass
     assert float((own_logp(module.policy, batch) - inputs.ref_logp).abs().max()) > 1e-3
