@@ -110,6 +110,15 @@ def decode_summary(data: dict[str, Any]) -> dict[str, Any]:
     return {**out, "grids": grids, "full": entry}
 
 
+def write_record(record: dict[str, Any], out: Path, copy_to: str | None) -> None:
+    """The record at ``out`` and, on a lent machine, a copy in ``copy_to`` ($OUT), unless ``out`` is there
+    already (``--out $OUT/gpu.json``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    if copy_to and (target := Path(copy_to) / out.name).resolve() != out.resolve():
+        shutil.copy(out, target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -148,10 +157,7 @@ def main() -> None:
     out = Path(args.out)
 
     def save() -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=2) + "\n")
-        if os.environ.get("OUT"):
-            shutil.copy(out, Path(os.environ["OUT"]) / out.name)
+        write_record(record, out, os.environ.get("OUT"))
 
     steps: list[tuple[str, list[str], int]] = [
         ("tests", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "--durations=10",
