@@ -340,13 +340,13 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
         t_bw = bytes_ / (machine["copy_bandwidth_GBps"] * 1e9)
         t_flops = cost["flops"] / (machine["gemm_GFLOPps"] * 1e9)
         _, t_gemm = gemm_seconds(model, b, device, dtype)
-        graph = device.type == "cuda"  # on the CPU a graph is the same launches: both columns eager there
+        cuda = device.type == "cuda"
+        # a recording that fails costs these two columns, not the step's numbers; on the CPU a graph would be
+        # the same launches, so the graphed column is left out there rather than timed twice
         try:
-            t_graphed = gemm_seconds(model, b, device, dtype, graph=graph)[1]
-            t_fused = gemm_seconds(model, b, device, dtype, fused=True, graph=graph)[1]
-        except (
-            RuntimeError
-        ) as error:  # a recording that fails costs these two columns, not the step's numbers
+            t_graphed = gemm_seconds(model, b, device, dtype, graph=True)[1] if cuda else None
+            t_fused = gemm_seconds(model, b, device, dtype, fused=True, graph=cuda)[1]
+        except RuntimeError as error:
             print(f"GEMMs graphed and fused not measured: {error}", flush=True)
             t_graphed = t_fused = None
         row: dict[str, Any] = {
