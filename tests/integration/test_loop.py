@@ -238,3 +238,23 @@ def test_groups_by_outcome_and_the_effective_reward_are_logged_and_shown(train, 
             shown in summaries[it]
             and f"| eff_reward {float(row['train/effective_reward']):+.2f} |" in summaries[it]
         )
+
+
+def test_the_heldout_curve_scores_fixed_held_out_instances_and_changes_nothing_else(train) -> None:
+    import math
+
+    # 4 held-out instances × 2 first turns at every pass; the run's own numbers are those of a run without it
+    plain, _ = train(["iterations=1"], name="plain")
+    probed, cfg = train(["iterations=1", "diagnostics.heldout.num_seeds=4", "diagnostics.heldout.samples=2"])
+    heldout = {k for k in probed if k.startswith("diag/heldout/")}
+    assert heldout and not any(k.startswith("diag/heldout/") for k in plain)
+    cost = ("time/", "perf/", "diag/tokens_processed", "diag/token_bound_ratio")  # the pass runs more
+    assert {k: v for k, v in probed.items() if k not in heldout and not k.startswith(cost)} == {
+        k: v for k, v in plain.items() if not k.startswith(cost)
+    }
+    assert probed["diag/tokens_processed"] > plain["diag/tokens_processed"]
+    columns = probed["diag/heldout/columns"]  # the instances with a valid Z among their first turns
+    assert 2 <= columns <= 4 and probed["diag/heldout/rows"] == probed["diag/heldout/valid_rows"] <= 8
+    assert probed["diag/heldout/mi_upper_bound"] == pytest.approx(math.log(columns))
+    logged = [r for r in _metric_rows(Path(cfg.run_dir)) if r.get("diag/heldout/rows")]
+    assert [float(r["diag/heldout/rows"]) for r in logged] == [probed["diag/heldout/rows"]]

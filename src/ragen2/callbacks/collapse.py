@@ -35,7 +35,7 @@ KEY = "callbacks.collapse"
 
 
 class CollapseMonitor(L.Callback):
-    """Regimes of the ``mode`` curve's MI passes (``first_turn``, ``trajectory`` or ``turn_<t>``)."""
+    """Regimes of the ``mode`` curve's MI passes (``first_turn``, ``trajectory``, ``turn_<t>`` or ``heldout``)."""
 
     def __init__(
         self,
@@ -48,8 +48,9 @@ class CollapseMonitor(L.Callback):
     ) -> None:
         if not isinstance(mode, str) or not CURVE.fullmatch(mode):
             raise ConfigError(
-                f"{KEY}.mode={mode!r} is not a curve the MI pass logs: first_turn, trajectory or turn_<t> "
-                f"(t ≥ 2, with per_turn in diagnostics.modes). Fix: {KEY}.mode=first_turn"
+                f"{KEY}.mode={mode!r} is not a curve the MI pass logs: first_turn, trajectory, turn_<t> "
+                f"(t ≥ 2, with per_turn in diagnostics.modes) or heldout (with diagnostics.heldout.num_seeds > 0). "
+                f"Fix: {KEY}.mode=first_turn"
             )
         if on_collapse not in ACTIONS:
             raise ConfigError(

@@ -20,26 +20,37 @@ Cost, each pass: ``diag/tokens_processed`` (positions the model ran, all curves)
 distinct X's prefix tree plus C · Σ_r |z_r|; ≈ 1 means no wasted forward) and ``time/diagnostics``
 (seconds).
 
+``heldout`` (``diagnostics.heldout.num_seeds`` > 0): the same ``num_seeds`` held-out instances (the first of
+validation's, never trained on) × ``samples`` first turns, sampled at each pass from the policy as it is before
+the update, with the same sampler seed every pass, so that passes differ by the policy and not by the prompts
+or the draw. Its ceiling is log ``num_seeds`` whatever the batch's size: 16 × 4 gives 64 rows over 16 prompts
+where a batch of 4 groups gives 4 prompts. The DataModule samples them (``SamplesFirstTurns``); they are
+neither trained on nor written to the rollouts JSONL.
+
 Several processes (DDP/FSDP): each rank rolls out its own share of the iteration's episodes. The pass
 all-gathers every rank's turns (``gather_trajectories``), so every rank draws the same rows with the same
-seed, runs the same forwards (FSDP needs every rank in every forward) and logs identical numbers.
+seed, runs the same forwards (FSDP needs every rank in every forward) and logs identical numbers. The
+held-out instances are shared out among the ranks the same way and gathered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 
 from ragen2.data.batch import RolloutBatch
-from ragen2.data.contracts import held_policy
+from ragen2.data.contracts import first_turn_source, held_policy
+from ragen2.data.evaluation import heldout_seeds
 from ragen2.diagnostics.findings import held_findings
 from ragen2.diagnostics.metric import MIMetric
 from ragen2.diagnostics.mi_pass import MIPass, measure_pass
 from ragen2.diagnostics.sampling import MODES, Trajectory, gather_trajectories, trajectories
 from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
+from ragen2.settings import settings
 
 
 def _budgets(num_samples: int | Mapping[str, int], modes: Sequence[str]) -> dict[str, int]:
@@ -62,6 +73,32 @@ def _budgets(num_samples: int | Mapping[str, int], modes: Sequence[str]) -> dict
     return budgets
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """``diagnostics.heldout``: the ``heldout`` curve's instances and first-turn samples per instance."""
+
+    num_seeds: int = 0  # 0: no heldout curve
+    samples: int = 4
+
+    def __post_init__(self) -> None:
+        if self.num_seeds < 0 or self.num_seeds == 1:
+            raise ConfigError(
+                f"diagnostics.heldout.num_seeds={self.num_seeds}: MI compares prompts, so it needs 0 (no "
+                "heldout curve) or at least 2. Fix: diagnostics.heldout.num_seeds=16"
+            )
+        if self.samples < 1:
+            raise ConfigError(
+                f"diagnostics.heldout.samples={self.samples} must be ≥ 1 first turn per instance. "
+                "Fix: diagnostics.heldout.samples=4"
+            )
+
+    def seeds(self, run_seed: int, ranks: Ranks) -> list[int]:
+        """This rank's share of the held-out instance seeds (rank-major order once gathered)."""
+        every = heldout_seeds(run_seed, self.num_seeds)
+        share = -(-len(every) // ranks.world)
+        return every[ranks.rank * share : (ranks.rank + 1) * share]
+
+
 class MIDiagnostics(L.Callback):
     """MI proxies of the unfiltered batch under the policy as it sampled, one curve per sampling mode."""
 
@@ -72,6 +109,7 @@ class MIDiagnostics(L.Callback):
         num_samples: int | Mapping[str, int] = 64,
         seed: int = 0,
         modes: Sequence[str] = ("first_turn",),
+        heldout: HeldOut | Mapping[str, Any] | None = None,
     ) -> None:
         if every_n_iterations < 0:
             raise ConfigError(
@@ -93,6 +131,7 @@ class MIDiagnostics(L.Callback):
         self.modes = tuple(str(m) for m in modes)
         self.budgets = _budgets(num_samples, self.modes)
         self.seed = seed
+        self.heldout = settings(HeldOut, heldout or {}, "diagnostics.heldout")
         # one metric (one EMA) per curve; turn_<t> metrics appear when a batch first reaches turn t
         self.metrics: dict[str, MIMetric] = {m: MIMetric() for m in self.modes if m != "per_turn"}
 
@@ -110,19 +149,30 @@ class MIDiagnostics(L.Callback):
             and findings is not None
             and self.due(batch.iteration)
         ):
-            findings.mi = self.measure(policy, batch)
+            findings.mi = self.measure(policy, batch, first_turn_source(getattr(trainer, "datamodule", None)))
 
-    def measure(self, policy: Any, batch: RolloutBatch) -> MIPass:
-        """The pass on one batch (also callable from a notebook).
+    def measure(self, policy: Any, batch: RolloutBatch, source: Any = None) -> MIPass:
+        """The pass on one batch (also callable from a notebook); ``source`` (``SamplesFirstTurns``, e.g. the
+        run's DataModule) samples the held-out first turns when ``diagnostics.heldout`` asks for them.
 
         A collective under ``torch.distributed``: every rank calls it with its own batch.
         """
-        gathered = gather_trajectories(trajectories(batch.episodes), Ranks.current())
-        return self.measure_trajectories(policy, gathered, batch.iteration)
+        ranks = Ranks.current()
+        gathered = gather_trajectories(trajectories(batch.episodes), ranks)
+        heldout: list[Trajectory] = []
+        if self.heldout.num_seeds and source is not None:
+            seeds = self.heldout.seeds(self.seed, ranks)
+            local = trajectories(source.first_turns(seeds, self.heldout.samples, self.seed))
+            heldout = gather_trajectories(local, ranks)
+        return self.measure_trajectories(policy, gathered, batch.iteration, heldout)
 
-    def measure_trajectories(self, policy: Any, trajs: Sequence[Trajectory], iteration: int) -> MIPass:
+    def measure_trajectories(
+        self, policy: Any, trajs: Sequence[Trajectory], iteration: int, heldout: Sequence[Trajectory] = ()
+    ) -> MIPass:
         """The pass on already gathered trajectories: identical inputs give identical numbers and forwards."""
-        return measure_pass(policy, trajs, iteration, self.modes, self.budgets, self.seed, self.metrics)
+        return measure_pass(
+            policy, trajs, iteration, self.modes, self.budgets, self.seed, self.metrics, heldout
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {curve: metric.get_extra_state() for curve, metric in self.metrics.items()}

@@ -3,7 +3,7 @@ of the LightningModule. Structural types: a module satisfies them by having the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -21,6 +21,13 @@ class ReportsMetrics(Protocol):
     last_metrics: Mapping[str, float]
 
 
+class SamplesFirstTurns(Protocol):
+    """What the MI pass's ``heldout`` curve needs of the DataModule: ``samples`` first-turn episodes of each
+    instance seed, sampled from the policy as it is now (``RolloutDataModule.first_turns``)."""
+
+    def first_turns(self, seeds: Sequence[int], samples: int, sample_seed: int) -> list[Any]: ...
+
+
 # Read through getattr, not ``isinstance(module, HoldsPolicy)``: from Python 3.12 a runtime protocol check
 # looks attributes up statically and misses an nn.Module's submodules (kept in ``_modules``), so a module
 # holding its policy would read as not holding one.
@@ -33,3 +40,8 @@ def reported_metrics(module: Any) -> Mapping[str, float]:
     """``module.last_metrics`` (``ReportsMetrics``), or an empty mapping for a module without them."""
     metrics = getattr(module, "last_metrics", None)
     return metrics if isinstance(metrics, Mapping) else {}
+
+
+def first_turn_source(datamodule: Any) -> SamplesFirstTurns | None:
+    """``datamodule`` if it samples first turns (``SamplesFirstTurns``), else None."""
+    return datamodule if callable(getattr(datamodule, "first_turns", None)) else None

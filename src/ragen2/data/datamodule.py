@@ -8,7 +8,7 @@ the trainer's precision, ranks, epoch and run folder.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -34,6 +34,7 @@ from ragen2.models.loading import load_tokenizer
 from ragen2.models.placement import AUTOCAST, autocast
 from ragen2.models.weights import SamplingCopy
 from ragen2.rollout.base import Sampler
+from ragen2.rollout.first_turn import sample_first_turns
 from ragen2.settings import settings
 
 
@@ -144,6 +145,13 @@ class RolloutDataModule(L.LightningDataModule):
             self.log = RolloutLog(root / f"rollouts.rank{ranks.rank}.jsonl")
         with self._sampling() as device:
             return collect_iteration(iteration, self.plan(), self.collect, ranks, device, self.log)
+
+    def first_turns(self, seeds: Sequence[int], samples: int, sample_seed: int) -> list[Episode]:
+        """``samples`` first turns of each instance seed from the module's current weights (the MI pass's
+        ``heldout`` curve; ``SamplesFirstTurns``), neither trained on nor logged."""
+        with self._sampling():
+            assert self.runner is not None and self.sampler is not None
+            return sample_first_turns(self.runner, self.sampler, list(seeds), samples, sample_seed)
 
     def validation_rollout(self) -> dict[str, float]:
         """Greedy success and sampled pass@k on held-out instance seeds (``ragen2.data.evaluation``)."""

@@ -24,7 +24,15 @@ from typing import Any
 from ragen2.diagnostics.cross_scoring import cross_score
 from ragen2.diagnostics.metric import MIMetric
 from ragen2.diagnostics.regimes import KEYS, PassMetrics
-from ragen2.diagnostics.sampling import Trajectory, curve_rows, curves, mode_of
+from ragen2.diagnostics.sampling import (
+    HELDOUT,
+    Row,
+    Trajectory,
+    all_first_turns,
+    curve_rows,
+    curves,
+    mode_of,
+)
 
 
 @dataclass(frozen=True)
@@ -100,25 +108,33 @@ def measure_pass(
     budgets: Mapping[str, int],
     seed: int,
     metrics: MutableMapping[str, MIMetric],
+    heldout: Sequence[Trajectory] = (),
 ) -> MIPass:
     """The pass on (already gathered) trajectories: identical inputs give identical numbers and forwards.
 
     ``metrics`` holds one ``MIMetric`` per curve (their EMAs advance; a curve met for the first time gets
-    a fresh one).
+    a fresh one). ``heldout``: first-turn trajectories of fixed held-out instances, sampled for the pass
+    (``diagnostics.heldout``); every one with a valid Z is a row of the ``heldout`` curve, none drawn out.
     """
     start = time.perf_counter()
     found: dict[str, CurvePass] = {}
     processed = bound = 0
-    for curve in curves(modes, trajs):
-        rows, valid = curve_rows(curve, trajs, budgets[mode_of(curve)], seed, iteration)
+
+    def score(curve: str, rows: list[Row], valid: int) -> None:
+        nonlocal processed, bound
         columns = len({x for x, _ in rows})
         if columns < 2:  # MI needs at least two distinct contexts with a valid Z
             found[curve] = CurvePass(valid)
-            continue
+            return
         scores = cross_score(policy, rows)
         metric = metrics.setdefault(curve, MIMetric())
         metric.update(scores.logp_sum, scores.prompt_index, scores.num_tokens)
         found[curve] = CurvePass(valid, len(rows), columns, metric.compute())
         processed += scores.tokens_processed
         bound += scores.token_bound
+
+    for curve in curves(modes, trajs):
+        score(curve, *curve_rows(curve, trajs, budgets[mode_of(curve)], seed, iteration))
+    if heldout:
+        score(HELDOUT, *all_first_turns(heldout))
     return MIPass(iteration, found, processed, bound, time.perf_counter() - start)

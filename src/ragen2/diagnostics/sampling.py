@@ -8,6 +8,9 @@ Modes and the curves they give (docs/diagnostics.md):
 * ``per_turn`` → ``turn_2``, ``turn_3``, …: turn t of uniformly drawn episodes that reached it, one
   curve per turn position, each with the mode's budget (turn 1 is ``first_turn``).
 
+Besides the modes, which read the iteration's batch, ``heldout``: turn 1 of first-turn episodes of fixed
+held-out instances sampled for the pass (``diagnostics.heldout``), every valid row (``all_first_turns``).
+
 Pure functions of the trajectories and a seeded ``random.Random``, except ``gather_trajectories``, the
 one collective (through ``Ranks``).
 """
@@ -21,6 +24,7 @@ from typing import Any
 from ragen2.distributed import Ranks
 
 MODES = ("first_turn", "trajectory", "per_turn")
+HELDOUT = "heldout"  # the curve of the held-out instances' first turns
 
 Ids = tuple[int, ...]
 Row = tuple[Ids, Ids]  # (X = the turn's prompt ids, Z = its reasoning ids)
@@ -53,6 +57,12 @@ def turn_rows(trajs: Sequence[Trajectory], t: int, budget: int, rng: random.Rand
     and how many could be drawn from."""
     candidates = [row for traj in trajs if (row := _valid(traj, t - 1)) is not None]
     return (rng.sample(candidates, budget) if len(candidates) > budget else candidates), len(candidates)
+
+
+def all_first_turns(trajs: Sequence[Trajectory]) -> tuple[list[Row], int]:
+    """Turn 1 of every trajectory with a valid Z, in order (the ``heldout`` curve's rows), and their count."""
+    rows = [row for traj in trajs if (row := _valid(traj, 0)) is not None]
+    return rows, len(rows)
 
 
 def trajectory_rows(trajs: Sequence[Trajectory], budget: int, rng: random.Random) -> tuple[list[Row], int]:

@@ -1,7 +1,7 @@
 """Every MI curve a grid logged, aggregated: first-turn, trajectory and per-turn (``diag/<curve>/*``).
 
 A run logs one curve per mode of ``diagnostics.modes``: ``first_turn``, ``trajectory`` and ``turn_<t>`` for
-each turn position t ≥ 2 (docs/diagnostics.md). Per cell and curve, each quantity of ``CURVE_COLUMNS`` at
+each turn position t ≥ 2, and ``heldout`` with ``diagnostics.heldout`` (docs/diagnostics.md). Per cell and curve, each quantity of ``CURVE_COLUMNS`` at
 the run's last MI pass, as mean and 95 % interval over the cell's runs (``aggregate.md``'s "MI by curve",
 ``aggregate_mi_curves.csv``); per iteration, each curve's MI z-score EMA (``aggregate_trajectories.md``).
 Read each curve against its own chance: its ``columns`` differ (docs/diagnostics.md).
@@ -25,16 +25,16 @@ CURVE_COLUMNS = {
     "H(Z\\|X) (nats/token)": "cond_entropy",
     "columns": "columns",
 }
-_CURVE = re.compile(r"^diag/(first_turn|trajectory|turn_(\d+))/mi_zscore_ema$")
+_CURVE = re.compile(r"^diag/(first_turn|trajectory|heldout|turn_(\d+))/mi_zscore_ema$")
 
 
 def _order(curve: str) -> tuple[int, int]:
     match = re.fullmatch(r"turn_(\d+)", curve)
-    return (2, int(match.group(1))) if match else (0 if curve == "first_turn" else 1, 0)
+    return (3, int(match.group(1))) if match else ({"first_turn": 0, "heldout": 1}.get(curve, 2), 0)
 
 
 def mi_curves(series: Sequence[Series]) -> list[str]:
-    """The curves some run logged: first_turn, trajectory, then turn_2, turn_3, … by turn."""
+    """The curves some run logged: first_turn, heldout, trajectory, then turn_2, turn_3, … by turn."""
     found = {m.group(1) for s in series for key in s if (m := _CURVE.match(key))}
     return sorted(found, key=_order)
 
@@ -64,9 +64,10 @@ def markdown(cells: Sequence[Cell], keys: Sequence[str]) -> list[str]:
     return [
         *lines,
         "",
-        "Curves: `first_turn` (turn 1 of each episode), `trajectory` (one turn of each trajectory drawn), "
-        "`turn_<t>` (turn t of the episodes that reached it). Their `columns` (distinct X) differ, and so "
-        "do their chance levels and MI ceilings (log columns): compare a curve with itself across cells.",
+        "Curves: `first_turn` (turn 1 of each episode), `heldout` (turn 1 of fixed held-out instances), "
+        "`trajectory` (one turn of each trajectory drawn), `turn_<t>` (turn t of the episodes that reached "
+        "it). Their `columns` (distinct X) differ, and so do their chance levels and MI ceilings (log "
+        "columns): compare a curve with itself across cells.",
         "",
         "![MI over optimizer steps](aggregate_mi_steps.png)",
     ]

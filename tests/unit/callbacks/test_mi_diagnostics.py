@@ -204,3 +204,69 @@ def test_two_processes_gather_and_log_the_same_numbers(tmp_path: Path) -> None:
 
 def _ranks(rank: int, store: str, outs: list[str]) -> None:
     _rank(rank, 2, store, outs[rank])
+
+
+def test_the_heldout_curve_reads_the_first_turns_of_the_same_held_out_instances_every_pass(
+    batch: RolloutBatch, tiny_model
+) -> None:
+    from ragen2.data.evaluation import heldout_seeds
+
+    cfg = compose(["model=tiny", "rollout=scripted", "rollout.groups=4"])
+    source = instantiate(cfg.data)
+    asked: list[tuple[list[int], int, int]] = []
+
+    class Recorded:  # the real DataModule's first turns, and what was asked of it
+        def first_turns(self, seeds, samples, sample_seed):
+            asked.append((list(seeds), samples, sample_seed))
+            return source.first_turns(seeds, samples, sample_seed)
+
+    callback = MIDiagnostics(num_samples=8, seed=3, heldout={"num_seeds": 5, "samples": 2})
+    found = [callback.measure(tiny_model, batch, Recorded()) for _ in range(2)]
+    assert asked == [(heldout_seeds(3, 5), 2, 3)] * 2  # validation's first instances, one sampler seed
+    out = found[0].as_metrics()
+    # every first turn with a valid Z is a row (the scripted responses leave some <think> unclosed)
+    episodes = source.first_turns(heldout_seeds(3, 5), 2, 3)
+    valid = [ep.turns[0] for ep in episodes if ep.turns[0].reasoning_ids]
+    assert len(episodes) == 10 and 2 <= len(valid) < 10
+    assert out["diag/heldout/rows"] == out["diag/heldout/valid_rows"] == len(valid)
+    columns = len({tuple(t.prompt_ids) for t in valid})
+    assert out["diag/heldout/columns"] == columns and out["diag/heldout/chance"] == 1 / columns
+    assert out["diag/heldout/mi_upper_bound"] == pytest.approx(math.log(columns))
+    # the batch's curve is the pass it would be without the held-out one
+    alone = MIDiagnostics(num_samples=8, seed=3).measure(tiny_model, batch).as_metrics()
+    assert {k: v for k, v in alone.items() if k.startswith("diag/first_turn/")} == {
+        k: v for k, v in out.items() if k.startswith("diag/first_turn/")
+    }
+    # the same rows both times (same instances, same draw, same weights): only the EMA moves on
+    second = found[1].as_metrics()
+    assert second["diag/heldout/mi_est"] == out["diag/heldout/mi_est"]
+    assert callback.state_dict().keys() == {"first_turn", "heldout"}
+    # without a source (a notebook passing only the batch) there is no held-out curve
+    assert "heldout" not in MIDiagnostics(heldout={"num_seeds": 5}).measure(tiny_model, batch).curves
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_the_held_out_instances_are_shared_out_in_rank_order(world: int) -> None:
+    from ragen2.callbacks.diagnostics import HeldOut
+    from ragen2.data.evaluation import heldout_seeds
+
+    held = HeldOut(num_seeds=5)
+    shares = [held.seeds(2, Ranks(rank, world)) for rank in range(world)]
+    assert [s for share in shares for s in share] == heldout_seeds(2, 5)
+
+
+@pytest.mark.parametrize(
+    ("heldout", "message"),
+    [
+        ({"num_seeds": 1}, r"diagnostics\.heldout\.num_seeds=1: .*Fix: diagnostics\.heldout\.num_seeds=16"),
+        (
+            {"num_seeds": 4, "samples": 0},
+            r"diagnostics\.heldout\.samples=0 .*Fix: diagnostics\.heldout\.samples=4",
+        ),
+        ({"num_seeds": "16"}, r"diagnostics\.heldout\.num_seeds"),
+        ({"seeds": 16}, r"diagnostics\.heldout\.seeds"),
+    ],
+)
+def test_bad_heldout_settings_name_the_key_and_the_fix(heldout: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        MIDiagnostics(heldout=heldout)
