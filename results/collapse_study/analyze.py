@@ -2,6 +2,7 @@
 
     python results/collapse_study/analyze.py outputs/collapse_study/runs [--out results/collapse_study]
     python results/collapse_study/analyze.py results/collapse_study/ppo/runs --algo ppo --out results/collapse_study/ppo
+    python results/collapse_study/analyze.py outputs/collapse_study_gpu/runs --curve heldout --out <folder>
 
 Reads each run's ``.hydra/overrides.yaml`` (filter, seed, algo) and ``csv/metrics.csv``; prints and writes
 ``criteria.json`` and ``criteria.md``: (a) each run's outcome at its last MI pass against iteration 0,
@@ -9,7 +10,8 @@ Reads each run's ``.hydra/overrides.yaml`` (filter, seed, algo) and ``csv/metric
 against the next pass's change in MI over the ``none`` runs, (c1) validation success top_p − none per
 seed and its 95 % t interval, (c2) first-turn MI top_p − none per seed at the largest optimizer-step count
 both runs of the pair reached at a pass (linear between passes, as ``ragen2-aggregate --pair`` matches steps)
-and its 95 % t interval.
+and its 95 % t interval. MI and H(Z|X) are the batch's first-turn curve's, as registered, or with
+``--curve heldout`` those of the held-out instances (``diagnostics.heldout``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from provenance import provenance
 from ragen2.grids.stats import ci95, spearman
 from ragen2.grids.steps import STEPS_KEY, at_step, by_steps
 
-MI, H = "diag/first_turn/mi_est_seq", "diag/first_turn/cond_entropy_seq"
+
+def curve_keys(curve: str) -> tuple[str, str]:
+    """The MI and H(Z|X) columns the criteria read of an MI curve (``first_turn`` as registered; ``heldout``
+    for a run with ``diagnostics.heldout``)."""
+    return f"diag/{curve}/mi_est_seq", f"diag/{curve}/cond_entropy_seq"
+
+
+MI, H = curve_keys("first_turn")
 LOG2 = math.log(2.0)
 # pairs the protocol plans per algorithm; fewer finished: every verdict is interim
 PAIRS = {"grpo": 3, "ppo": 1}
@@ -77,27 +86,28 @@ def t_interval(values: list[float]) -> dict[str, float | int | None]:
     return {"n": len(values), "mean": ci.mean, **bound}
 
 
-def passes(run: dict[str, object]) -> list[tuple[int, float, float]]:
+def passes(run: dict[str, object], keys: tuple[str, str] = (MI, H)) -> list[tuple[int, float, float]]:
     """(iteration, MI, H) at each MI pass."""
     its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
-    return [(i, m[MI], m[H]) for i, m in sorted(its.items()) if MI in m and H in m]
+    mi, h = keys
+    return [(i, m[mi], m[h]) for i, m in sorted(its.items()) if mi in m and h in m]
 
 
-def mi_by_steps(run: dict[str, object]) -> list[tuple[float, float]]:
+def mi_by_steps(run: dict[str, object], mi: str = MI) -> list[tuple[float, float]]:
     """(c2): (optimizer steps taken before the pass's iteration, MI) at each MI pass, read as
     ``ragen2-aggregate`` reads it (``ragen2.grids.steps.by_steps`` of the run's columns by iteration)."""
     its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
     series: dict[str, list[tuple[float, float]]] = {}
     for i, m in sorted(its.items()):
-        for key in (MI, STEPS_KEY, "train/iteration"):
+        for key in (mi, STEPS_KEY, "train/iteration"):
             if key in m:
                 series.setdefault(key, []).append((float(i), m[key]))
-    return by_steps(series, MI)
+    return by_steps(series, mi)
 
 
-def outcome(run: dict[str, object]) -> str:
+def outcome(run: dict[str, object], keys: tuple[str, str] = (MI, H)) -> str:
     """(a): template collapse, full collapse or none, the last pass against iteration 0's."""
-    p = passes(run)
+    p = passes(run, keys)
     if len(p) < 2 or p[0][0] != 0:
         return "too few passes"
     (_, mi0, h0), (_, mit, ht) = p[0], p[-1]
@@ -123,10 +133,12 @@ def entropy_ratios(run: dict[str, object]) -> list[float]:
     return out
 
 
-def zero_share_vs_mi_change(run: dict[str, object]) -> list[tuple[float, float]]:
+def zero_share_vs_mi_change(
+    run: dict[str, object], keys: tuple[str, str] = (MI, H)
+) -> list[tuple[float, float]]:
     """(b3): (mean zero-RV share over iterations t … t′−1, MI_t′ − MI_t) for consecutive passes t, t′."""
     its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
-    p = passes(run)
+    p = passes(run, keys)
     pairs = []
     for (t, mi_t, _), (u, mi_u, _) in itertools.pairwise(p):
         shares = [
@@ -177,12 +189,17 @@ def paired(diffs: dict[int, float], per_seed: object, above: str, below: str) ->
     return ci
 
 
-def analyze(runs: list[dict[str, object]], algo: str = "grpo") -> dict[str, object]:
-    """The criteria over the runs of one algorithm (the GRPO pairs, or the PPO pair read the same way)."""
+def analyze(
+    runs: list[dict[str, object]], algo: str = "grpo", curve: str = "first_turn"
+) -> dict[str, object]:
+    """The criteria over the runs of one algorithm (the GRPO pairs, or the PPO pair read the same way), MI
+    and H(Z|X) read of ``curve``."""
+    keys = curve_keys(curve)
     chosen = [r for r in runs if r["algo"] == algo]
     none = [r for r in chosen if r["filter"] == "none"]
     result: dict[str, object] = {
         "algo": algo,
+        "curve": curve,
         "runs": [
             {
                 "folder": r["folder"],
@@ -190,15 +207,15 @@ def analyze(runs: list[dict[str, object]], algo: str = "grpo") -> dict[str, obje
                 "seed": r["seed"],
                 "algo": r["algo"],
                 "iterations": len(r["iterations"]),  # type: ignore[arg-type]
-                "passes": passes(r),
-                "outcome": outcome(r),
+                "passes": passes(r, keys),
+                "outcome": outcome(r, keys),
                 "val/success": last(r, "val/success"),
                 "val/sampled_success": last(r, "val/sampled_success"),
             }
             for r in chosen
         ],
     }
-    outcomes = [outcome(r) for r in none]
+    outcomes = [outcome(r, keys) for r in none]
     result["a"] = {"none_outcomes": outcomes, "verdict": collapse_verdict(outcomes)}
     ratios = [x for r in chosen for x in entropy_ratios(r)]
     b2 = t_interval(ratios)
@@ -212,7 +229,7 @@ def analyze(runs: list[dict[str, object]], algo: str = "grpo") -> dict[str, obje
         else "inconclusive"
     )
     result["b2"] = b2
-    points = [p for r in none for p in zero_share_vs_mi_change(r)]
+    points = [p for r in none for p in zero_share_vs_mi_change(r, keys)]
     if len(points) >= 3:
         rho, p_two = spearman([s for s, _ in points], [d for _, d in points])
         p_less = p_two / 2 if rho < 0 else 1 - p_two / 2
@@ -228,7 +245,7 @@ def analyze(runs: list[dict[str, object]], algo: str = "grpo") -> dict[str, obje
             if None not in (arms["top_p", s], arms["none", s])
         }  # type: ignore[operator]
         result[f"c1 {key}"] = paired(diffs, diffs, "filter helps", "filter hurts")
-    curves = {(r["filter"], r["seed"]): mi_by_steps(r) for r in chosen}
+    curves = {(r["filter"], r["seed"]): mi_by_steps(r, keys[0]) for r in chosen}
     matched: dict[int, dict[str, float]] = {}
     for s in paired_seeds(curves):
         a, b = curves["top_p", s], curves["none", s]
@@ -246,7 +263,7 @@ def analyze(runs: list[dict[str, object]], algo: str = "grpo") -> dict[str, obje
 
 def markdown(result: dict[str, object]) -> str:
     lines = [
-        f"# The collapse study's criteria (analyze.py, algo={result['algo']})",
+        f"# The collapse study's criteria (analyze.py, algo={result['algo']}, curve={result['curve']})",
         "",
         "| run | filter | seed | algo | iterations | outcome | val success | val sampled |",
         "|---|---|---|---|---|---|---|---|",
@@ -274,13 +291,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("runs", type=Path, help="the study's runs folder (0/, 1/, …)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     parser.add_argument("--algo", choices=sorted(PAIRS), default="grpo", help="whose runs the criteria read")
+    parser.add_argument(
+        "--curve",
+        choices=("first_turn", "heldout"),
+        default="first_turn",
+        help="the MI curve the criteria read",
+    )
     args = parser.parse_args(argv)
     runs = [
         read_run(f)
         for f in sorted(args.runs.iterdir(), key=lambda p: p.name)
         if (f / "csv" / "metrics.csv").is_file()
     ]
-    result = analyze(runs, args.algo)
+    result = analyze(runs, args.algo, args.curve)
     # the analysis's own commit, machine and command (the runs' are in their .hydra/ and stages/*.log)
     record = {"provenance": provenance(), **result}
     (args.out / "criteria.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The collapse study's GPU version (PROTOCOL.md at a larger scale): 8 groups x 16 rollouts, 150 iterations, the
-# MI pass and gradient buckets every 10, validation on 64 seeds every 50; filter top_p | none x seeds 0-2 (and
+# MI pass and gradient buckets every 10 (with the held-out curve: 16 instances x 4 first turns, amendment 4),
+# validation on 64 seeds every 50; filter top_p | none x seeds 0-2 (and
 # the PPO pair with PAIRS_PPO=1) side by side on one GPU (about 9 GB each). It runs in chunks of at most
 # CHUNK_S seconds (default 540, for 10-minute device calls): every run gets SIGTERM at the chunk's end, saves
 # the iteration in progress and exits 143; the next call resumes each from its last.ckpt. Call it until it
@@ -35,6 +36,7 @@ for i in "${!arms[@]}"; do
     trainer=gpu rollout.groups=8 rollout.group_size=16 algo.optim.lr=1e-5 algo.entropy_coef=0.01 \
     algo.kl_coef=0 iterations="$ITERATIONS" diagnostics.modes=[first_turn,trajectory] \
     diagnostics.num_samples=64 diagnostics.every_n_iterations=10 callbacks.gradient_buckets.every_n_iterations=10 \
+    diagnostics.heldout.num_seeds=16 diagnostics.heldout.samples=4 \
     rollout.save_jsonl=true val.every_n_iterations=50 val.num_seeds=64 val.samples=4 val.k=1 ${arms[$i]} \
     >>"$run.log" 2>&1 && touch "$run/done") &
   pids+=($!)

@@ -138,6 +138,17 @@ def test_the_criteria_by_hand() -> None:
     alone = analyze.analyze([*runs, *ppo], "ppo")
     assert [r["algo"] for r in alone["runs"]] == ["ppo", "ppo"] and alone["algo"] == "ppo"
     assert alone["pairs"] == {"finished": 1, "planned": 1, "interim": False}
+    # the same numbers on the held-out curve: read with --curve heldout, absent for the registered curve
+    moved = {mi: "diag/heldout/mi_est_seq", h: "diag/heldout/cond_entropy_seq"}
+    heldout = [
+        {
+            **r,
+            "iterations": {i: {moved.get(k, k): v for k, v in m.items()} for i, m in r["iterations"].items()},
+        }
+        for r in runs
+    ]
+    assert analyze.analyze(heldout, curve="heldout") == {**result, "curve": "heldout"}
+    assert {r["outcome"] for r in analyze.analyze(heldout)["runs"]} == {"too few passes"}
     assert alone["a"]["none_outcomes"] == ["template collapse"]
     # one pair: its difference (0.5 - 0.25), no interval
     c1 = alone["c1 val/sampled_success"]
