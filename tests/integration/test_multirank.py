@@ -128,9 +128,11 @@ def _train(run: Path, strategy: str, iterations: int, *extra: str, rollout: str 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_uneven_ranks_train_and_resume_equals_going_on(strategy: str, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _train(straight, strategy, 2)
+    # the held-out MI curve too: 3 instances shared out 2 + 1, gathered, its EMA saved and resumed
+    heldout = ("diagnostics.heldout.num_seeds=3", "diagnostics.heldout.samples=2")
+    _train(straight, strategy, 2, *heldout)
     rows = _metrics(straight)
-    assert len(rows) == 2
+    assert len(rows) == 2 and all(float(r["diag/heldout/columns"]) >= 2 for r in rows)
     assert any(
         float(r["filter/kept_groups_rank_min"]) < float(r["filter/kept_groups_rank_max"]) for r in rows
     )
@@ -140,7 +142,7 @@ def test_uneven_ranks_train_and_resume_equals_going_on(strategy: str, tmp_path: 
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
     assert len(state["ragen2"]["rng_by_rank"]) == 2
     assert any(k.startswith("policy.") for k in state["state_dict"])
-    _train(resumed, strategy, 2, f"ckpt_path={ckpt}")
+    _train(resumed, strategy, 2, *heldout, f"ckpt_path={ckpt}")
     again = _metrics(resumed)[-1]
     for key in (
         "train/loss",
@@ -148,6 +150,7 @@ def test_uneven_ranks_train_and_resume_equals_going_on(strategy: str, tmp_path: 
         "rollout/return",
         "filter/kept_groups",
         "diag/first_turn/mi_zscore",
+        "diag/heldout/mi_zscore_ema",
     ):
         if key in rows[-1]:
             assert float(again[key]) == pytest.approx(float(rows[-1][key]), rel=1e-5, abs=1e-7), key
