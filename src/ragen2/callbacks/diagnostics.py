@@ -42,7 +42,7 @@ from typing import Any
 import lightning as L
 
 from ragen2.data.batch import RolloutBatch
-from ragen2.data.contracts import first_turn_source, held_policy
+from ragen2.data.contracts import SamplesFirstTurns, first_turn_source, held_policy
 from ragen2.data.evaluation import heldout_seeds
 from ragen2.diagnostics.findings import held_findings
 from ragen2.diagnostics.metric import MIMetric
@@ -151,7 +151,7 @@ class MIDiagnostics(L.Callback):
         ):
             findings.mi = self.measure(policy, batch, first_turn_source(getattr(trainer, "datamodule", None)))
 
-    def measure(self, policy: Any, batch: RolloutBatch, source: Any = None) -> MIPass:
+    def measure(self, policy: Any, batch: RolloutBatch, source: SamplesFirstTurns | None = None) -> MIPass:
         """The pass on one batch (also callable from a notebook); ``source`` (``SamplesFirstTurns``, e.g. the
         run's DataModule) samples the held-out first turns when ``diagnostics.heldout`` asks for them.
 
