@@ -28,10 +28,10 @@ from ragen2.diagnostics.sampling import (
     HELDOUT,
     Row,
     Trajectory,
-    all_first_turns,
     curve_rows,
     curves,
     mode_of,
+    turn_candidates,
 )
 
 
@@ -136,5 +136,6 @@ def measure_pass(
     for curve in curves(modes, trajs):
         score(curve, *curve_rows(curve, trajs, budgets[mode_of(curve)], seed, iteration))
     if heldout:
-        score(HELDOUT, *all_first_turns(heldout))
+        rows = turn_candidates(heldout, 1)
+        score(HELDOUT, rows, len(rows))
     return MIPass(iteration, found, processed, bound, time.perf_counter() - start)

@@ -9,7 +9,7 @@ Modes and the curves they give (docs/diagnostics.md):
   curve per turn position, each with the mode's budget (turn 1 is ``first_turn``).
 
 Besides the modes, which read the iteration's batch, ``heldout``: turn 1 of first-turn episodes of fixed
-held-out instances sampled for the pass (``diagnostics.heldout``), every valid row (``all_first_turns``).
+held-out instances sampled for the pass (``diagnostics.heldout``), every valid row (``turn_candidates``).
 
 Pure functions of the trajectories and a seeded ``random.Random``, except ``gather_trajectories``, the
 one collective (through ``Ranks``).
@@ -52,17 +52,17 @@ def _valid(traj: Trajectory, t: int) -> Row | None:
     return None if z is None else (x, z)
 
 
+def turn_candidates(trajs: Sequence[Trajectory], t: int) -> list[Row]:
+    """Turn ``t`` (1-based) of every trajectory that reached it with a valid Z, in order (with t = 1, the
+    ``heldout`` curve's rows)."""
+    return [row for traj in trajs if (row := _valid(traj, t - 1)) is not None]
+
+
 def turn_rows(trajs: Sequence[Trajectory], t: int, budget: int, rng: random.Random) -> tuple[list[Row], int]:
     """Turn ``t`` (1-based) of up to ``budget`` uniformly drawn episodes that reached it with a valid Z,
     and how many could be drawn from."""
-    candidates = [row for traj in trajs if (row := _valid(traj, t - 1)) is not None]
+    candidates = turn_candidates(trajs, t)
     return (rng.sample(candidates, budget) if len(candidates) > budget else candidates), len(candidates)
-
-
-def all_first_turns(trajs: Sequence[Trajectory]) -> tuple[list[Row], int]:
-    """Turn 1 of every trajectory with a valid Z, in order (the ``heldout`` curve's rows), and their count."""
-    rows = [row for traj in trajs if (row := _valid(traj, 0)) is not None]
-    return rows, len(rows)
 
 
 def trajectory_rows(trajs: Sequence[Trajectory], budget: int, rng: random.Random) -> tuple[list[Row], int]:
