@@ -19,6 +19,7 @@ import re
 import textwrap
 from typing import Any
 
+from ragen2.callbacks.diagnostics import HeldOut
 from ragen2.data.demos import DemoConfig
 from ragen2.data.group_filter import GroupFilter
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
@@ -47,6 +48,7 @@ NODES: tuple[tuple[str, type], ...] = (
     ("trainer", Placement),
     ("demos", DemoConfig),
     ("sft", SFTConfig),
+    ("diagnostics.heldout", HeldOut),
 )
 
 _INTRO = """\

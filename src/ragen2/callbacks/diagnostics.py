@@ -77,8 +77,11 @@ def _budgets(num_samples: int | Mapping[str, int], modes: Sequence[str]) -> dict
 class HeldOut:
     """``diagnostics.heldout``: the ``heldout`` curve's instances and first-turn samples per instance."""
 
-    num_seeds: int = 0  # 0: no heldout curve
+    num_seeds: int = 0
+    """Held-out instances scored at every MI pass (the first of validation's): the curve's columns, its ceiling
+    log ``num_seeds``. 0: no ``heldout`` curve."""
     samples: int = 4
+    """First turns sampled per instance at every pass, the same sampler seed every pass."""
 
     def __post_init__(self) -> None:
         if self.num_seeds < 0 or self.num_seeds == 1:
