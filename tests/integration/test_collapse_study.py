@@ -36,17 +36,22 @@ def _study(folder: Path, **settings: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.slow  # a warm start of 2 steps and one RL iteration on the tiny model
-def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_logging(
-    tmp_path: Path,
-) -> None:
-    alone = _study(tmp_path, FILTERS="")  # set and empty: the warm start, and no run
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A study folder holding only its warm start (2 steps on the tiny model)."""
+    folder = tmp_path_factory.mktemp("study")
+    alone = _study(folder, FILTERS="")  # set and empty: the warm start, and no run
     assert alone.returncode == 0, alone.stderr[-3000:]
-    assert (tmp_path / "warmstart" / "model" / "warmstart.json").is_file()
-    assert not (tmp_path / "runs").exists()
-    done = _study(tmp_path)
+    assert (folder / "warmstart" / "model" / "warmstart.json").is_file()
+    assert not (folder / "runs").exists()
+    return folder
+
+
+@pytest.mark.slow  # one RL iteration on the tiny model
+def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_logging(warm: Path) -> None:
+    done = _study(warm)
     assert done.returncode == 0, done.stderr[-3000:]
-    run = tmp_path / "runs" / "0"
+    run = warm / "runs" / "0"
     assert (run / "done").is_file()
     with (run / "csv" / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -55,13 +60,13 @@ def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_l
     assert (run / "rollouts.rank0.jsonl").stat().st_size > 0  # every episode
     overrides = (run / ".hydra" / "overrides.yaml").read_text()
     assert "algo.entropy_coef=0.01" in overrides and "filter=top_p" in overrides
-    again = _study(tmp_path)  # the run is done: nothing trains again
+    again = _study(warm)  # the run is done: nothing trains again
     assert again.returncode == 0 and "every run is done" in again.stderr
-    assert not (tmp_path / "runs" / "1").exists()
-    out = tmp_path / "criteria"
+    assert not (warm / "runs" / "1").exists()
+    out = warm / "criteria"
     out.mkdir()
     analyzed = subprocess.run(
-        [sys.executable, str(STUDY / "analyze.py"), str(tmp_path / "runs"), "--out", str(out)],
+        [sys.executable, str(STUDY / "analyze.py"), str(warm / "runs"), "--out", str(out)],
         capture_output=True,
         text=True,
     )
@@ -70,9 +75,9 @@ def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_l
     assert (row["filter"], row["seed"], row["iterations"]) == ("top_p", 0, 1)
 
     # collect.sh copies what is committed of the finished run, and nothing of a run its stage cut
-    (tmp_path / "runs" / "1").mkdir()
-    committed = tmp_path / "committed"
-    env = {**os.environ, "STUDY": str(tmp_path), "OUT": str(committed)}
+    (warm / "runs" / "1").mkdir()
+    committed = warm / "committed"
+    env = {**os.environ, "STUDY": str(warm), "OUT": str(committed)}
     for _ in range(2):  # the second call finds run 0 collected and copies nothing
         collected = subprocess.run(
             ["bash", str(STUDY / "collect.sh")], env=env, capture_output=True, text=True
@@ -83,6 +88,39 @@ def test_the_study_script_warm_starts_and_runs_an_iteration_with_the_protocols_l
     assert names == {".hydra", "csv", "train.log", "curves.png", "gradients", "rollouts.rank0.jsonl.gz"}
     with gzip.open(committed / "0" / "rollouts.rank0.jsonl.gz", "rt") as f:
         assert f.read() == (run / "rollouts.rank0.jsonl").read_text()
+
+
+@pytest.mark.slow  # one RL iteration on the tiny model
+def test_the_second_study_runs_from_the_named_warm_start_with_the_held_out_curve(
+    warm: Path, tmp_path: Path
+) -> None:
+    script = STUDY.parent / "collapse_study_2" / "run.sh"
+    env = {
+        **os.environ,
+        **TINY,
+        "PYTHON": sys.executable,
+        "STUDY": str(tmp_path),
+        "WARMSTART": str(warm / "warmstart"),
+    }
+    # the tiny warm start is not the weights PROTOCOL.md names: refused before any run, in one line
+    refused = subprocess.run(["bash", str(script)], env={**env, "LR": "5e-5"}, capture_output=True, text=True)
+    assert refused.returncode == 1 and "is not the warm start PROTOCOL.md names" in refused.stderr
+    assert not (tmp_path / "runs").exists()
+    unset = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert unset.returncode != 0 and "set LR" in unset.stderr
+    # the pilot (seed 0, none), the held-out curve at tiny scale (the study's 16 x 4 overridden after it)
+    tiny = f"{TINY['EXTRA']} diagnostics.heldout.num_seeds=2 diagnostics.heldout.samples=2"
+    pilot = {**env, "LR": "5e-5", "PILOT": "1", "SHA256": "", "EXTRA": tiny}
+    done = subprocess.run(["bash", str(script)], env=pilot, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "runs" / "0"
+    overrides = (run / ".hydra" / "overrides.yaml").read_text()
+    for override in ("algo.optim.lr=5e-5", "filter=none", "seed=0", "algo.entropy_coef=0.01"):
+        assert override in overrides, override
+    with (run / "csv" / "metrics.csv").open() as f:
+        (row,) = [r for r in csv.DictReader(f) if r.get("diag/heldout/valid_rows")]  # the curve's pass ran
+    assert 0 <= float(row["diag/heldout/valid_rows"]) <= 4  # 2 instances x 2 (the random tiny model's rows)
+    assert not (tmp_path / "runs" / "1").exists()
 
 
 def _analysis():  # results/ is no package: the script's module, loaded from its file
