@@ -25,7 +25,8 @@ from provenance import provenance
 from ragen2.config import compose
 from ragen2.train import run
 
-# run.sh's environment and rollout settings, the pass on the held-out curve only, one iteration
+# run.sh's environment and rollout settings, one iteration on a small batch (2 x 2, one mini-batch):
+# the held-out curve's instances and sampler seed come from the run's seed alone, not from the batch
 OVERRIDES = [
     "env=frozenlake",
     "env.kwargs.size=3",
@@ -33,8 +34,9 @@ OVERRIDES = [
     "env.kwargs.observation=coord",
     "max_turns_cap=5",
     "rollout.max_new_tokens=48",
-    "rollout.groups=4",
-    "rollout.group_size=8",
+    "rollout.groups=2",
+    "rollout.group_size=2",
+    "algo.mini_batch_size=4",
     "iterations=1",
     "seed=0",
     "diagnostics.heldout.num_seeds=16",

@@ -1,7 +1,8 @@
 """The collapse study's own script (results/collapse_study/run.sh) at tiny scale: the warm start, then one run
 of one iteration with the protocol's logging (the MI pass's schedule, gradient buckets, every episode, the
 end's validation); a second call finds the run done and starts nothing; analyze.py reads it and collect.sh
-copies what is committed of it."""
+copies what is committed of it. The second study's script (results/collapse_study_2/run.sh) on the same warm
+start: refused for its hash, then its pilot's one iteration with the held-out curve."""
 
 from __future__ import annotations
 
