@@ -122,6 +122,16 @@ def test_the_second_study_runs_from_the_named_warm_start_with_the_held_out_curve
         (row,) = [r for r in csv.DictReader(f) if r.get("diag/heldout/valid_rows")]  # the curve's pass ran
     assert 0 <= float(row["diag/heldout/valid_rows"]) <= 4  # 2 instances x 2 (the random tiny model's rows)
     assert not (tmp_path / "runs" / "1").exists()
+    # pilot.py on it: one pass only (1 iteration), refused in one line naming the run
+    read = [
+        sys.executable,
+        str(STUDY.parent / "collapse_study_2" / "pilot.py"),
+        str(run),
+        "--out",
+        str(tmp_path),
+    ]
+    early = subprocess.run(read, capture_output=True, text=True)
+    assert early.returncode == 1 and early.stderr.startswith("pilot.py: 0: held-out passes at iterations [0]")
 
 
 def _analysis():  # results/ is no package: the script's module, loaded from its file
@@ -130,6 +140,63 @@ def _analysis():  # results/ is no package: the script's module, loaded from its
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_second_studys_pilot_rule_by_hand() -> None:
+    spec = importlib.util.spec_from_file_location("pilot", STUDY.parent / "collapse_study_2" / "pilot.py")
+    assert spec is not None and spec.loader is not None
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+
+    def run(
+        lr: float, mi: tuple[float | None, float | None], valid: float, seed: int = 0
+    ) -> dict[str, object]:
+        its: dict[int, dict[str, float]] = {i: {"train/iteration": float(i)} for i in range(17)}
+        for i, m in zip((0, 16), mi, strict=True):
+            its[i] |= {pilot.VALID: 64.0 if i == 0 else valid, pilot.H: 1.0}
+            if m is not None:  # too few valid rows: no MI logged
+                its[i][pilot.MI] = m
+        its[16]["val/success"] = 0.5
+        return {"folder": f"lr{lr}", "lr": lr, "seed": seed, "filter": "none", "iterations": its}
+
+    # 2.5 -> 1.25 is exactly half, with 32 of 64 rows valid: collapses; 1.26 holds; 31 valid rows: breaks
+    assert pilot.reading(run(5e-5, (2.5, 1.25), 32.0))["verdict"] == "collapses"
+    assert pilot.reading(run(5e-5, (2.5, 1.26), 64.0))["verdict"] == "holds"
+    assert pilot.reading(run(5e-5, (2.5, 0.1), 31.0))["verdict"] == "breaks"
+    assert pilot.reading(run(5e-5, (2.5, None), 1.0))["verdict"] == "breaks"
+    collapses, holds, breaks = (
+        run(5e-5, (2.5, 1.0), 60.0),
+        run(5e-5, (2.5, 2.4), 64.0),
+        run(5e-5, (2.5, None), 0.0),
+    )
+
+    def decide(*runs: dict[str, object]) -> dict[str, object]:
+        return pilot.decide([pilot.reading(r) for r in runs])
+
+    assert decide(collapses)["study_lr"] == 5e-5
+    table = pilot.markdown({"outcome": "o", "pilots": [pilot.reading(collapses), pilot.reading(breaks)]})
+    assert "| lr5e-05 | 5e-05 | 0, 16 | 2.500 → 1.000 | 1.000 → 1.000 | 64 → 60 | collapses |" in table
+    assert "| 2.500 → – | 1.000 → 1.000 | 64 → 0 | breaks |" in table
+    assert decide(holds) == {
+        "study_lr": None,
+        "next_pilot": 1e-4,
+        "outcome": "pilot 1 holds: pilot 2 at lr 0.0001",
+    }
+    assert decide(breaks)["next_pilot"] == 2e-5
+    assert decide(holds, run(1e-4, (2.5, 1.0), 50.0))["study_lr"] == 1e-4
+    assert decide(breaks, run(2e-5, (2.5, 1.0), 50.0))["study_lr"] == 2e-5
+    assert decide(holds, run(1e-4, (2.5, 2.0), 64.0))["study_lr"] is None  # no study
+    for wrong in (
+        [run(1e-4, (2.5, 1.0), 60.0)],
+        [holds, run(2e-5, (2.5, 1.0), 60.0)],
+        [run(5e-5, (2.5, 1.0), 60.0, 1)],
+    ):
+        with pytest.raises(ValueError):
+            pilot.decide([pilot.reading(r) for r in wrong])
+    unfinished = run(5e-5, (2.5, 1.0), 60.0)
+    del unfinished["iterations"][16]["val/success"]  # type: ignore[index]
+    with pytest.raises(ValueError, match="validation not run"):
+        pilot.reading(unfinished)
 
 
 def _run(filter_: str, seed: int, its: dict[int, dict[str, float]]) -> dict[str, object]:
