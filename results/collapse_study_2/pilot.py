@@ -1,7 +1,7 @@
 """The second study's pilot rule (PROTOCOL.md), applied to the pilot runs: collapses, breaks or holds, and the
 learning rate that follows (the study's, the next pilot's, or none).
 
-    python results/collapse_study_2/pilot.py results/collapse_study_2/pilot/5e-5 [results/collapse_study_2/pilot/<lr>] \
+    python results/collapse_study_2/pilot.py results/collapse_study_2/pilot/5e-5/0 [results/collapse_study_2/pilot/<lr>/0] \
         --out results/collapse_study_2/pilot
 
 A pilot run is read on the held-out curve at its last MI pass against its pass at iteration 0: it

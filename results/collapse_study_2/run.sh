@@ -5,8 +5,9 @@
 #   study:  LR=<the pilot's> bash results/collapse_study_2/run.sh   seeds 1 2 3 x top_p, none: outputs/collapse_study_2
 # WARMSTART=<a warm start's folder, e.g. outputs/collapse_study_ppo/warmstart> links it in instead of building
 # one. Weights of another hash are refused (SHA256= empty skips the check: the tiny-scale test). STAGE_S and
-# the other settings pass through to ../collapse_study/run.sh. After a pilot (into pilot/<lr>, collect.sh with OUT=):
-#   python results/collapse_study_2/pilot.py results/collapse_study_2/pilot/5e-5 --out results/collapse_study_2/pilot
+# the other settings pass through to ../collapse_study/run.sh. After a pilot:
+#   STUDY=outputs/collapse_study_2_pilot_5e-5 OUT=results/collapse_study_2/pilot/5e-5 bash results/collapse_study/collect.sh
+#   python results/collapse_study_2/pilot.py results/collapse_study_2/pilot/5e-5/0 --out results/collapse_study_2/pilot
 # After a stage of the study:
 #   STUDY=outputs/collapse_study_2 OUT=results/collapse_study_2/runs bash results/collapse_study/collect.sh
 #   python results/collapse_study/analyze.py results/collapse_study_2/runs --curve heldout --out results/collapse_study_2
