@@ -134,19 +134,20 @@ def test_the_second_study_runs_from_the_named_warm_start_with_the_held_out_curve
     assert early.returncode == 1 and early.stderr.startswith("pilot.py: 0: held-out passes at iterations [0]")
 
 
-def _analysis():  # results/ is no package: the script's module, loaded from its file
-    spec = importlib.util.spec_from_file_location("analyze", STUDY / "analyze.py")
+def _script(path: Path):  # results/ is no package: a script's module, loaded from its file
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _analysis():
+    return _script(STUDY / "analyze.py")
+
+
 def test_the_second_studys_pilot_rule_by_hand() -> None:
-    spec = importlib.util.spec_from_file_location("pilot", STUDY.parent / "collapse_study_2" / "pilot.py")
-    assert spec is not None and spec.loader is not None
-    pilot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pilot)
+    pilot = _script(STUDY.parent / "collapse_study_2" / "pilot.py")
 
     def run(
         lr: float, mi: tuple[float | None, float | None], valid: float, seed: int = 0
@@ -348,10 +349,7 @@ def test_the_endpoint_criteria_by_hand(tmp_path: Path) -> None:
 
 
 def test_the_endpoint_saturation_check() -> None:
-    spec = importlib.util.spec_from_file_location("criteria", STUDY / "endpoints" / "criteria.py")
-    assert spec is not None and spec.loader is not None
-    criteria = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(criteria)
+    criteria = _script(STUDY / "endpoints" / "criteria.py")
     ceiling = math.log(16)
     at = {"retrieval_acc": 0.96, "mi_est_seq": 0.9 * ceiling, "mi_upper_bound": ceiling}
     assert criteria.saturated([at, at])
@@ -362,10 +360,7 @@ def test_the_endpoint_saturation_check() -> None:
 
 def test_the_reading_ceiling_by_hand() -> None:
     """Post hoc: the MI a pass shows when the reasoning reads exactly the player's and the goal's cells."""
-    spec = importlib.util.spec_from_file_location("criteria", STUDY / "endpoints" / "criteria.py")
-    assert spec is not None and spec.loader is not None
-    criteria = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(criteria)
+    criteria = _script(STUDY / "endpoints" / "criteria.py")
 
     def row(column: int, player: str, goal: str) -> dict[str, object]:
         return {"column": column, "reasoning": f"I am at ({player}). The goal is at ({goal}). Go Right."}
