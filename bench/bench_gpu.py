@@ -1,8 +1,8 @@
 """The GPU path: one real iteration per (model, workload, strategy), throughput and peak memory per phase.
 
 Models are built from a local config with random weights (no download): the built-in SmolLM2-135M's
-shape with its tokenizer, and Qwen2.5-0.5B's and Qwen2.5-3B's with Qwen2.5's own tokenizer and ChatML
-template (``ragen2.models.qwen``) and their vocabulary of 151,936 rows. Random weights never close
+shape with its tokenizer, and Qwen2.5-0.5B's, 3B's and 7B's with Qwen2.5's own tokenizer and ChatML
+template (``ragen2.models.qwen``) and their vocabulary of 151,936 rows (7B: 152,064). Random weights never close
 ``</answer>``: every turn samples its full ``max_new_tokens`` and is a format penalty, which is the
 longest rollout and update the workload allows. ``filter=none``: every group is trained.
 
@@ -18,6 +18,7 @@ each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writ
 (or --out) and prints a table.
 
   python bench/bench_gpu.py [--runs smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:fsdp]
+      [--extra model/lora=default]   (overrides added to every run: here LoRA adapters)
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
             num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rms_norm_eps=1e-6,
+            rope_theta=1000000.0, max_position_embeddings=32768,
+        ),
+    ),
+    "qwen2.5-7b": (
+        "Qwen2Config",
+        dict(
+            hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+            num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, rms_norm_eps=1e-6,
             rope_theta=1000000.0, max_position_embeddings=32768,
         ),
     ),
