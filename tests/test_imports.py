@@ -197,3 +197,16 @@ def test_a_config_error_is_found_before_lightning_loads(tmp_path: Path) -> None:
     said, loaded = done.stdout.splitlines()
     assert said == "env"  # the error names its key, env.kwargs.sucess_rate
     assert loaded == "[]"
+
+
+def test_the_grid_tables_load_no_torch() -> None:
+    """``ragen2-aggregate`` reads metrics files: it names the MI curves through the ``ragen2.curves`` leaf, not
+    through the diagnostics that write them (whose package loads torch). In a fresh process."""
+    code = "import sys, ragen2.aggregate, ragen2.grids.mi\nprint(sorted({'torch', 'ragen2.diagnostics'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    assert not GRAPH["ragen2.curves"]  # a leaf
+    assert (
+        "ragen2.curves" in GRAPH["ragen2.grids.mi"] and "ragen2.curves" in GRAPH["ragen2.callbacks.collapse"]
+    )

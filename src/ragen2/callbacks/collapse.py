@@ -23,9 +23,10 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from ragen2.curves import CURVE
 from ragen2.diagnostics.findings import held_findings
 from ragen2.diagnostics.mi_pass import MIPass
-from ragen2.diagnostics.regimes import CURVE, RegimeReading, RegimeState, RegimeThresholds, evidence, step
+from ragen2.diagnostics.regimes import RegimeReading, RegimeState, RegimeThresholds, evidence, step
 from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
 from ragen2.log import log

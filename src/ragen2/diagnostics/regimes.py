@@ -31,7 +31,6 @@ at or below 0.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from enum import IntEnum
@@ -77,9 +76,6 @@ REGIME_TABLE: tuple[tuple[int, str, str, str, str], ...] = (
 
 KEYS = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
 """The MI proxies (``MIMetric.compute``'s keys) a pass is classified from, in ``PassMetrics``' order."""
-
-CURVE = re.compile(r"first_turn|trajectory|heldout|turn_([2-9]|[1-9]\d+)")
-"""Curves the MI pass logs: ``first_turn``, ``trajectory``, ``turn_<t>`` for t ≥ 2, ``heldout``."""
 
 
 @dataclass(frozen=True)

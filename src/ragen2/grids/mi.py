@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from ragen2.curves import CURVE
 from ragen2.grids.runs import Run, Series
 from ragen2.grids.table import Cell, Stat, entry, number, run_value, spread, stat_of, values_by_iteration
 
@@ -25,7 +26,7 @@ CURVE_COLUMNS = {
     "H(Z\\|X) (nats/token)": "cond_entropy",
     "columns": "columns",
 }
-_CURVE = re.compile(r"^diag/(first_turn|trajectory|heldout|turn_(\d+))/mi_zscore_ema$")
+_CURVE = re.compile(rf"^diag/({CURVE.pattern})/mi_zscore_ema$")
 
 
 def _order(curve: str) -> tuple[int, int]:
