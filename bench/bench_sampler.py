@@ -10,6 +10,8 @@ issue's) and the roofline bound (max of bytes ÷ bandwidth and FLOPs ÷ FLOP rat
 fraction of each, and the rate of the step's GEMMs alone at b rows (what the matmul kernels allow): launched
 one by one; on CUDA also replayed from one CUDA graph (no launch cost, as the sampler's recorded step runs
 them), and fused (q/k/v as one matmul, gate/up as one: what fusing those projections would allow).
+``--compile`` adds the sampler with ``rollout.sampler.compile=true``, ``--fuse`` each current sampler with
+``rollout.sampler.fuse_projections=true`` (those matmuls fused in the sampler itself).
 ``--baseline REF`` runs the sampler of commit REF (its ``rollout/hf.py`` and ``models/kv.py``, read with
 git) beside the current one, interleaved, on the same prompts and seed; both must sample the same ids on
 the CPU. A step's time is the interval between two consecutive decode forwards (the whole loop body),
@@ -21,7 +23,7 @@ sharing one.
 over the same Sokoban collection; prompt tokens prefilled, seconds and their ratios; the sampled ids
 must be identical.
 
-  python bench/bench_sampler.py decode [--grid 4x4,8x16] [--tokens 16] [--rounds 3] [--baseline 0bbda19] [--compile]
+  python bench/bench_sampler.py decode [--grid 4x4,8x16] [--tokens 16] [--rounds 3] [--baseline 0bbda19] [--compile] [--fuse]
   python bench/bench_sampler.py decode --device cuda --shape qwen2.5-3b --tokens 64   # random bf16 weights
       (--baseline FOLDER where git history is missing: git show 0bbda19:src/ragen2/rollout/hf.py > FOLDER/hf.py,
       the same for src/ragen2/models/kv.py)
@@ -302,6 +304,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     if args.compile:  # the same sampler with its fixed-shape step through torch.compile
         step = "graph" if device.type == "cuda" else "static"
         impls["current, compiled"] = functools.partial(HFSampler, compile=True, decode_step=step)
+    if args.fuse:  # and with q/k/v and gate/up fused (rollout.sampler.fuse_projections)
+        for label, cls in list(impls.items()):
+            impls[f"{label}, fused"] = functools.partial(cls, fuse_projections=True)
     if args.baseline != "none":
         old = baseline_sampler(args.baseline)
         if old is not None:
@@ -474,6 +479,11 @@ def main() -> None:
     )
     d.add_argument(
         "--compile", action="store_true", help="also the current sampler with rollout.sampler.compile=true"
+    )
+    d.add_argument(
+        "--fuse",
+        action="store_true",
+        help="also each current sampler with rollout.sampler.fuse_projections=true",
     )
     d.add_argument(
         "--gemm-rows", type=int, default=0, help="rows of the FLOP-rate GEMMs (0: 512 CPU, 8192 GPU)"

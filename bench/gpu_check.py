@@ -7,8 +7,9 @@ call cut short still returns them):
    device, the CUDA-graph decode step against the eager one, ``ragen2-eval`` and ``ragen2-diagnose`` on
    the GPU.
 2. ``decode``: ``bench_sampler.py decode`` on Qwen2.5-3B's shape (random bf16 weights) at 8 groups × 16,
-   the current sampler, with and without ``rollout.sampler.compile``, beside the previous one: decode
-   steps/s against the bandwidth bound (goal ≥ 30 %).
+   the current sampler, with and without ``rollout.sampler.compile``, each also with
+   ``rollout.sampler.fuse_projections``, beside the previous one: decode steps/s against the bandwidth
+   bound (goal ≥ 30 %).
 3. ``eval``: ``ragen2-eval`` on the GPU under bf16 autocast, the tiny model on FrozenLake.
 4. ``bench_gpu``: one real training iteration per row (``bench_gpu.py``): the built-in model's shape on
    the main job, Qwen2.5-3B's shape on the paper's settings (2 groups × 16, 2 turns).
@@ -164,7 +165,7 @@ def main() -> None:
                    f"--junitxml={work / 'tests.xml'}", *gpu_test_files()], 240),
         ("decode", [py, "bench/bench_sampler.py", "decode", "--device", "cuda", "--shape", "qwen2.5-3b",
                     "--grid", "8x16", "--tokens", "64", "--rounds", "3", "--baseline", args.decode_baseline, "--compile",
-                    "--out", str(work / "sampler.json")], 270),
+                    "--fuse", "--out", str(work / "sampler.json")], 270),
         ("eval", [py, "-m", "ragen2.eval", "model=tiny", "env=frozenlake", "trainer.accelerator=gpu",
                   "trainer.precision=bf16-mixed", "num_seeds=16", "samples=4", "ks=[1,4]",
                   f"output={work / 'eval.json'}", f"hydra.run.dir={work / 'eval'}"], 90),

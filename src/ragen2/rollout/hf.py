@@ -28,6 +28,7 @@ stays outside the graph (its generator advances on the host).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import warnings
@@ -38,6 +39,7 @@ from typing import Any
 
 import torch
 
+from ragen2.models.fused import FusedProjections
 from ragen2.models.kv import (
     KV,
     PreallocatedLayer,
@@ -227,6 +229,7 @@ class HFSampler:
         check_every: int | None = None,
         decode_step: str = "auto",
         compile: bool = False,
+        fuse_projections: bool = False,
     ) -> None:
         """``check_every``: steps between the host's stop checks (None: every step on the CPU, where a
         check waits for nothing, and every 8 on a GPU). ``decode_step``: ``graph`` records the decode step
@@ -235,7 +238,9 @@ class HFSampler:
         ``compile``: the fixed-shape step's forward through ``torch.compile`` (its norms, rotary embeddings and
         activations fused into a few kernels instead of dozens per layer), compiled once per process and model
         class for every batch size and cache length (dynamic shapes): the first call pays the compilation. The
-        compiled step calls the model's ``forward``, so hooks on the model itself (not its layers) do not run."""
+        compiled step calls the model's ``forward``, so hooks on the model itself (not its layers) do not run.
+        ``fuse_projections``: each decoder layer's q/k/v projections run as one matmul and gate/up as one
+        (``ragen2.models.fused``; a copy of those weights, rebuilt after each weight change)."""
         if check_every is not None and check_every < 1:
             raise ValueError(
                 f"rollout.sampler.check_every={check_every} must be ≥ 1 (steps between stop checks). "
@@ -260,6 +265,7 @@ class HFSampler:
         self.check_every = check_every
         self.decode_step = decode_step
         self.compile = compile
+        self.fused = FusedProjections() if fuse_projections else None
         self.eos_ids = {i for i in (tokenizer.eos_token_id,) if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._held: list[_Prefix] = []
@@ -300,20 +306,23 @@ class HFSampler:
         generator = torch.Generator(device=device).manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
+        # fused: the layers' projections swapped for fused ones (their parameters out of the model) until the end
+        fused = self.fused(self.model) if self.fused is not None else contextlib.nullcontext()
+        out: list[Sample] = []
+        held: list[_Prefix] = []
         try:
-            out: list[Sample] = []
-            held: list[_Prefix] = []
-            for start in range(0, len(prompts), self.max_batch_size):
-                samples, kept = self._generate_batch(
-                    prompts[start : start + self.max_batch_size], params, generator, device
-                )
-                out += samples
-                held += kept
-            self._held = held if self.reuse_prefix else []
-            self._held_version = weights_version(self.model)
-            return out
+            with fused:
+                for start in range(0, len(prompts), self.max_batch_size):
+                    samples, kept = self._generate_batch(
+                        prompts[start : start + self.max_batch_size], params, generator, device
+                    )
+                    out += samples
+                    held += kept
         finally:
             self.model.train(was_training)
+        self._held = held if self.reuse_prefix else []
+        self._held_version = weights_version(self.model)
+        return out
 
     def _extend(self, source: _Prefix | None, ids: Sequence[int]) -> _Prefix:
         """Batch-1 prefill of ``ids`` on top of ``source``."""

@@ -3,7 +3,7 @@
 The decode step recorded as a CUDA graph (``decode_step=graph``, the default on CUDA) samples what the
 eager step samples: same ids and finish reasons, log-probs to float rounding, across batch chunks,
 stop strings and a second turn on held prefixes, also with its forward compiled
-(``rollout.sampler.compile``); under the trainer's bf16 autocast it records without falling back.
+(``rollout.sampler.compile``) and with fused projections (``rollout.sampler.fuse_projections``); under the trainer's bf16 autocast it records without falling back.
 """
 
 from __future__ import annotations
@@ -34,8 +34,12 @@ def _prompts(tokenizer: Any) -> list[list[int]]:
     return [out[i] for i in (0, 0, 1, 2, 2, 3, 1)]
 
 
-def _two_turns(tokenizer: Any, model: Any, decode_step: str, compile: bool = False) -> list[Any]:
-    sampler = HFSampler(tokenizer, model, max_batch_size=4, decode_step=decode_step, compile=compile)
+def _two_turns(
+    tokenizer: Any, model: Any, decode_step: str, compile: bool = False, fuse: bool = False
+) -> list[Any]:
+    sampler = HFSampler(
+        tokenizer, model, max_batch_size=4, decode_step=decode_step, compile=compile, fuse_projections=fuse
+    )
     prompts = _prompts(tokenizer)
     first = sampler.generate(prompts, SamplingParams(max_new_tokens=24, temperature=1.0, stop=("e",)), seed=1)
     closer = list(
@@ -48,8 +52,11 @@ def _two_turns(tokenizer: Any, model: Any, decode_step: str, compile: bool = Fal
     return first + second
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["", "fused"])
 @pytest.mark.parametrize("compile", [False, True], ids=["", "compiled"])
-def test_cuda_graph_step_samples_what_the_eager_step_samples(tokenizer, tiny_model, compile: bool) -> None:
+def test_cuda_graph_step_samples_what_the_eager_step_samples(
+    tokenizer, tiny_model, compile: bool, fuse: bool
+) -> None:
     model = tiny_model.to("cuda")
     try:
         with warnings.catch_warnings():
@@ -59,7 +66,7 @@ def test_cuda_graph_step_samples_what_the_eager_step_samples(tokenizer, tiny_mod
             if compile:
                 warnings.filterwarnings("default")
                 warnings.filterwarnings("error", message="HFSampler could not record")
-            graph = _two_turns(tokenizer, model, "graph", compile)
+            graph = _two_turns(tokenizer, model, "graph", compile, fuse)
         eager = _two_turns(tokenizer, model, "eager")
     finally:
         tiny_model.to("cpu")
