@@ -50,7 +50,7 @@ class _Group:
         return [getattr(m, name).detach() for m in self.members]
 
     def refresh(self) -> None:
-        """The members' current weights, written into the same tensors (a compiled step keeps its guards)."""
+        """The members' current weights, written into the same tensors (no new GBs allocated every iteration)."""
         torch.cat(self._parts("weight"), out=self.weight)
         if self.bias is not None:
             torch.cat(self._parts("bias"), out=self.bias)

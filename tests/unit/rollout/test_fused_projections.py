@@ -126,3 +126,25 @@ def test_lora_layers_are_not_fused(tokenizer) -> None:
     out = fused.generate(_prompts(tokenizer), PARAMS, seed=0)
     _assert_same(out, HFSampler(tokenizer, policy).generate(_prompts(tokenizer), PARAMS, seed=0))
     assert fused.fused is not None and fused.fused.groups == policy.config.num_hidden_layers  # gate/up only
+
+
+@pytest.mark.slow
+def test_compiled_fused_step_is_not_compiled_again_after_a_weight_change(tokenizer, tiny_model) -> None:
+    """After an optimizer step the compiled fused step runs the new weights without compiling again."""
+    from torch._dynamo.utils import counters
+
+    model = copy.deepcopy(tiny_model)
+    prompts = _prompts(tokenizer)
+    sampler = HFSampler(tokenizer, model, decode_step="static", compile=True, fuse_projections=True)
+    _assert_same(
+        sampler.generate(prompts, PARAMS, seed=0),
+        HFSampler(tokenizer, model).generate(prompts, PARAMS, seed=0),
+    )
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(-1.0)
+    _assert_same(
+        sampler.generate(prompts, PARAMS, seed=1),
+        HFSampler(tokenizer, model).generate(prompts, PARAMS, seed=1),
+    )
+    assert counters["stats"]["unique_graphs"] == graphs
