@@ -11,7 +11,7 @@ instead of running their own. It relies on the order the model calls them in (q,
 decoder class of ``GROUPS``), on every member reading the same input, and on no member being a LoRA layer,
 so it fuses only the attention and MLP classes it names and leaves every other module as it is (a LoRA
 layer, an unknown class: unfused, exact). The concatenated weights are a copy (for Qwen2.5-3B in bf16 about
-3.5 GB), written again in place only when the weights changed (``weights_version``). Results equal the unfused model's up to
+3.6 GB), written again in place only when the weights changed (``weights_version``). Results equal the unfused model's up to
 the matmul's rounding (a different blocking of the same sums).
 """
 
