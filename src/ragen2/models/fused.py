@@ -1,18 +1,18 @@
 """Fused projections for decoding: a decoder layer's q/k/v projections as one matmul, and gate/up as one.
 
-A decode step at a few hundred rows is a chain of small matmuls, each reading its weight once; launching
-three (q, k, v) where one would do costs a kernel and a pass over the input per projection. On a GPU the
-step's matmuls alone ran 1.16× faster fused than one by one, both replayed from a CUDA graph (Qwen2.5-3B's
-shape at 128 rows on an H200, ``bench_sampler.py decode``'s ``fused`` column, bench/results/gpu.json).
+A decode step at a few hundred rows is a chain of small matmuls, each reading its weight once; launching three
+(q, k, v) where one would do costs a kernel and a pass over the input per projection. On a GPU the step's
+matmuls alone ran 1.16× faster fused than one by one, both replayed from a CUDA graph (Qwen2.5-3B's shape at
+128 rows on an H200, ``bench_sampler.py decode``'s ``fused`` column, bench/results/gpu.json).
 
-``FusedProjections`` swaps, for the duration of a ``with``, each group's first projection for a module
-that runs the group's concatenated weight once and hands the other members their slices, which they return
-instead of running their own. It relies on the order the model calls them in (q, k, v; gate, up: every
-decoder class of ``GROUPS``), on every member reading the same input, and on no member being a LoRA layer,
-so it fuses only the attention and MLP classes it names and leaves every other module as it is (a LoRA
-layer, an unknown class: unfused, exact). The concatenated weights are a copy (for Qwen2.5-3B in bf16 about
-3.6 GB), written again in place only when the weights changed (``weights_version``). Results equal the unfused model's up to
-the matmul's rounding (a different blocking of the same sums).
+``FusedProjections`` swaps, for the duration of a ``with``, each group's first projection for a module that
+runs the group's concatenated weight once and hands the other members their slices, which they return instead
+of running their own. It relies on the order the model calls them in (q, k, v; gate, up: every decoder class
+of ``GROUPS``), on every member reading the same input, and on no member being a LoRA layer, so it fuses only
+the attention and MLP classes it names and leaves every other module as it is (a LoRA layer, an unknown class:
+unfused, exact). The concatenated weights are a copy (for Qwen2.5-3B in bf16 about 3.6 GB), written again in
+place only when the weights changed (``weights_version``). Results equal the unfused model's up to the
+matmul's rounding (a different blocking of the same sums).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class _Group:
         return [getattr(m, name).detach() for m in self.members]
 
     def refresh(self) -> None:
-        """The members' current weights, written into the same tensors (no new GBs allocated every iteration)."""
+        """The members' current weights, written into the same tensors (no new GBs every iteration)."""
         torch.cat(self._parts("weight"), out=self.weight)
         if self.bias is not None:
             torch.cat(self._parts("bias"), out=self.bias)
