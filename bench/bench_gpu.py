@@ -14,8 +14,9 @@ episodes of 2 turns. Strategies: ``gpu`` (one device,
 
 Each run is its own process (a clean CUDA context and process group). Reported from the run's own
 ``perf/*`` and ``time/*`` metrics: rollout and update seconds, sampled and trained tokens per second,
-each phase's peak allocated memory, and the sampler-vs-update log-prob gap. Writes bench/results/gpu_bench.json
-(or --out) and prints a table.
+each phase's peak allocated memory, and the sampler-vs-update log-prob gap; and the lines of the run's output
+that warn (a decode step that fell back from its CUDA graph to eager decoding says so). Writes
+bench/results/gpu_bench.json (or --out) and prints a table.
 
   python bench/bench_gpu.py [--runs smollm2-135m:main:gpu,qwen2.5-0.5b:paper_short:gpu,qwen2.5-3b:paper_short:fsdp]
       [--extra model/lora=default]   (overrides added to every run: here LoRA adapters)
@@ -180,7 +181,18 @@ def one_run(model_dir: Path, workload: str, strategy: str, scratch: Path, extra:
         first = text.find("Traceback")
         head = text[first : first + 3000] if 0 <= first < len(text) - 3000 else ""
         return {"overrides": overrides, "error": head + "\n…\n" + text[-3000:]}
-    return {"overrides": overrides, "metrics": json.loads(result.read_text())}
+    return {
+        "overrides": overrides,
+        "metrics": json.loads(result.read_text()),
+        "warnings": warnings_in(proc.stdout + proc.stderr),
+    }
+
+
+def warnings_in(output: str, most: int = 20) -> list[str]:
+    """The distinct lines of a run's output that warn (a decode step that could not be recorded as a CUDA
+    graph and decoded eagerly says so in one), first seen first, at most ``most``."""
+    found = [line.strip() for line in output.splitlines() if "Warning" in line]  # UserWarning, FutureWarning, …
+    return list(dict.fromkeys(found))[:most]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -241,6 +253,8 @@ def main() -> None:
             extra = [o for o in args.extra.split(",") if o]
             row.update(one_run(folder, workload, strategy, Path(tmp) / f"run{i}", extra))
             print(f"{model}:{workload}:{strategy} in {time.perf_counter() - start:.0f} s", flush=True)
+            for line in row.get("warnings", []):
+                print(f"  {line}")
             if "error" in row:
                 print(row["error"], file=sys.stderr)
             rows.append(row)
