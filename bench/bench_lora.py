@@ -15,6 +15,12 @@ sync writes the adapter folder and sends a new ``LoRARequest``). Engine start-up
 after a warm-up one; and the largest |Δ log p| between the engine's sampled tokens and the adapted model's
 own log-probs (both must sample the adapted policy).
 
+``hf``: the HF sampler on the LoRA policy (``rollout.sampler``): sampling through the adapters (``adapters``,
+the default) or from a plain copy with them merged (``merged``, ``rollout.sampler.merge_adapters=true``; the copy
+refreshed at each call after an optimizer step, inside the timed rollout), the main job's FrozenLake episodes;
+the best iteration after a warm-up one, the sampler's decode seconds, and the largest |Δ log p| against the
+adapted model. ``--device cuda`` samples under bf16 autocast, as ``trainer=gpu`` does.
+
 Each setting runs in a process of its own (a fresh resident set; one vLLM engine per process), the two
 settings alternating ``--repeats`` times; each setting's best time over them is kept (on a shared machine a
 neighbour's burst only ever slows a run down), every run's numbers and load average are recorded.
@@ -23,7 +29,7 @@ loaded 2-core machine two threads wait on each other at every op (a [512, 576] �
 30 ms on 2 threads and 0.13 ms on 1 at a load of 6), so op counts would be timed instead of work, and LoRA
 adds small ops; 1 thread is the default.
 
-  python bench/bench_lora.py [update] [vllm] [--rows 16] [--tokens 256] [--iterations 2] [--repeats 2] [--threads 1]
+  python bench/bench_lora.py [update] [vllm] [hf] [--rows 16] [--tokens 256] [--iterations 2] [--repeats 2] [--threads 1]
 """
 
 from __future__ import annotations
@@ -232,11 +238,12 @@ def vllm_lora_sampler(tokenizer: Any, rank: int, folder: Path, kv_cache_gb: floa
 def _gap(policy: Any, episodes: list[Any]) -> float:
     """The largest |sampler log p − the policy's own| over the episodes' first turns."""
     worst = 0.0
+    device = next(policy.parameters()).device
     for ep in episodes:
         t = ep.turns[0]
-        ids = torch.tensor([t.prompt_ids + t.sampled_ids])
+        ids = torch.tensor([t.prompt_ids + t.sampled_ids], device=device)
         with torch.no_grad():
-            logits = policy(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
+            logits = policy(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float().cpu()
         own = torch.log_softmax(logits[len(t.prompt_ids) - 1 : -1], -1)
         own = own.gather(-1, torch.tensor(t.sampled_ids)[:, None]).squeeze(-1)
         worst = max(worst, float((own - torch.tensor(t.sampler_logprobs)).abs().max()))
@@ -295,6 +302,51 @@ def vllm_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# ---- hf: the HF sampler through the adapters vs from a merged copy --------------------------------------
+def hf_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    from ragen2.config import build, compose
+    from ragen2.models.loading import ModelConfig, load_tokenizer
+    from ragen2.models.lora import LoRAConfig
+    from ragen2.rollout.hf import HFSampler
+
+    device = torch.device(args.device)
+    tokenizer = load_tokenizer("builtin")
+    policy = ModelConfig(name_or_path="builtin", lora=LoRAConfig()).load().to(device).eval()
+    data = build(compose(["model=builtin", f"rollout.groups={args.groups}", "rollout.group_size=4"]).data)
+    runner = data.rollout_cfg.runner(data.env, tokenizer)
+    sampler = HFSampler(tokenizer, merge_adapters=mode == "merged")
+    gen = torch.Generator().manual_seed(0)
+    rollouts, decode, tokens = [], [], []
+    for iteration in range(args.iterations + 1):
+        with torch.no_grad():  # an optimizer step: every adapter moves
+            for name, p in policy.named_parameters():
+                if ".lora_" in name:
+                    p.add_(0.01 * torch.randn(p.shape, generator=gen).to(device))
+        sampler.sync_weights(policy)
+        decode_s = sampler.decode_seconds
+        start = time.perf_counter()
+        # as a run on a GPU samples: under the trainer's bf16 autocast (trainer=gpu's bf16-mixed)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            episodes = runner.collect(sampler, list(range(args.groups)), 4, sample_seed=iteration)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if iteration:  # the first pays the copy's construction and any warm-up
+            rollouts.append(time.perf_counter() - start)
+            decode.append(sampler.decode_seconds - decode_s)
+            tokens.append(sum(len(t.sampled_ids) for ep in episodes for t in ep.turns))
+    return {
+        "mode": mode,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "rollout_seconds": min(rollouts),
+        "decode_seconds": min(decode),
+        "sampled_tokens": statistics.median(tokens),
+        "episodes": args.groups * 4,
+        "logprob_gap_max": _gap(policy, episodes),
+        "per_iteration": {"rollout": rollouts, "decode": decode},
+    }
+
+
 # ---- the parent: one process per setting ---------------------------------------------------------------
 def _child(part: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -325,26 +377,31 @@ def _gib(n: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__ and __doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", help="update, vllm (default: both)")
+    parser.add_argument("parts", nargs="*", help="update, vllm, hf (default: all three)")
     parser.add_argument("--rows", type=int, default=16, help="update: rows of the batch (groups of 4)")
     parser.add_argument("--tokens", type=int, default=256, help="update: tokens per row")
     parser.add_argument("--iterations", type=int, default=2, help="timed iterations, after a warm-up one")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each setting")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each setting's process")
-    parser.add_argument("--groups", type=int, default=4, help="vllm: FrozenLake groups of 4 episodes")
+    parser.add_argument("--groups", type=int, default=4, help="vllm, hf: FrozenLake groups of 4 episodes")
     parser.add_argument("--kv-cache-gb", type=float, default=2.0)
-    parser.add_argument("--device", default="cpu", help="update: cpu or cuda")
+    parser.add_argument("--device", default="cpu", help="update, hf: cpu or cuda")
     parser.add_argument("--child", nargs=3, metavar=("PART", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # before provenance() records the threads
     if args.child:
         part, mode, out = args.child
-        result = update_child(mode == "lora", args) if part == "update" else vllm_child(mode, args)
+        children = {
+            "update": lambda: update_child(mode == "lora", args),
+            "vllm": lambda: vllm_child(mode, args),
+            "hf": lambda: hf_child(mode, args),
+        }
+        result = children[part]()
         Path(out).write_text(json.dumps(result))
         return
-    parts = args.parts or ["update", "vllm"]
-    if set(parts) - {"update", "vllm"}:
-        parser.error(f"parts={parts}: choose among update, vllm")
+    parts = args.parts or ["update", "vllm", "hf"]
+    if set(parts) - {"update", "vllm", "hf"}:
+        parser.error(f"parts={parts}: choose among update, vllm, hf")
     started = provenance()  # the commit and the machine as the run starts
     record: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if "update" in parts:
@@ -378,6 +435,23 @@ def main() -> None:
             "merged": rows[0],
             "vllm-lora": rows[1],
             "faster": faster,
+        }
+    if "hf" in parts:
+        rows = _best("hf", ("adapters", "merged"), args, "rollout_seconds")
+        print(
+            f"HF sampler, built-in model with LoRA rank 16, FrozenLake {args.groups}×4 episodes, {rows[0]['device']}"
+        )
+        print(f"{'mode':<9} {'rollout s':>10} {'decode s':>9} {'sampled tokens':>15} {'max |Δ log p|':>14}")
+        for r in rows:
+            print(
+                f"{r['mode']:<9} {r['rollout_seconds']:>10.2f} {r['decode_seconds']:>9.2f} "
+                f"{r['sampled_tokens']:>15,.0f} {r['logprob_gap_max']:>14.2e}"
+            )
+        record[f"hf_{rows[0]['device'].split(':')[0]}"] = {
+            "provenance": provenance(),
+            "adapters": rows[0],
+            "merged": rows[1],
+            "rollout_ratio_adapters_over_merged": rows[0]["rollout_seconds"] / rows[1]["rollout_seconds"],
         }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=2) + "\n")

@@ -177,6 +177,51 @@ def test_the_hf_sampler_samples_from_the_adapted_model(tokenizer: Any) -> None:
     assert float((drawn - logp(load_model("tiny"))).abs().max()) > 1e-3  # not the base model's
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_hf_sampler_can_sample_from_a_merged_copy(tokenizer: Any, autocast: bool) -> None:
+    """``rollout.sampler.merge_adapters``: a plain model with the adapters merged samples what the adapted
+    model samples, follows an optimizer step, holds no LoRA layer (so its projections can be fused), and is
+    built in the autocast dtype; the policy is left as it was."""
+    from ragen2.rollout.base import SamplingParams
+    from ragen2.rollout.hf import HFSampler
+
+    module = make_module()
+    nudge_adapters(module.policy)
+    frozen, _ = adapted(module)
+    prompts = [tokenizer.encode("Go left or right?"), tokenizer.encode("Which way is the goal from here?")]
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, stop=())
+    merged = HFSampler(tokenizer, merge_adapters=True, fuse_projections=True)
+    merged.sync_weights(module.policy)
+    adapters = HFSampler(tokenizer, module.policy)
+
+    def both(seed: int) -> tuple[list[Any], list[Any]]:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return merged.generate(prompts, params, seed), adapters.generate(prompts, params, seed)
+
+    for seed in (0, 1):
+        ours, theirs = both(seed)
+        copy_model = merged.model
+        assert copy_model is not module.policy and not has_adapters(copy_model)
+        assert next(copy_model.parameters()).dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert merged.fused is not None and merged.fused.groups == 2 * copy_model.config.num_hidden_layers
+        if not autocast:  # bf16 weights against fp32 ones under autocast: near-ties may go the other way
+            assert [s.ids for s in ours] == [s.ids for s in theirs]
+            for a, b in zip(ours, theirs, strict=True):
+                torch.testing.assert_close(
+                    torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-4
+                )
+        with torch.no_grad():  # an optimizer step: the adapters move, the copy must follow at the next call
+            for name, p in module.policy.named_parameters():
+                if "lora_B" in name:
+                    p.mul_(-1.0)
+    assert merged.model is copy_model  # one copy, refreshed in place
+    for name, tensor in adapted(module)[0].items():
+        assert torch.equal(frozen[name], tensor), name  # the base did not move
+    plain = HFSampler(tokenizer, load_model("tiny"), merge_adapters=True)
+    plain.generate(prompts[:1], params, seed=0)
+    assert plain.model is plain.policy  # no adapters: nothing to merge, no copy
+
+
 def test_gradient_checkpointing_gives_the_adapters_the_same_gradients() -> None:
     batch = make_batch()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ragen2.models.lora import merged_tensors
+from ragen2.models.lora import has_adapters, merged_tensors
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -73,21 +73,24 @@ def _tied_names(model: Any) -> set[str]:
 
 
 class SamplingCopy:
-    """The model a sampler samples from: the policy itself, or a full copy of an FSDP-sharded one.
+    """The model a sampler samples from: the policy itself, or a full copy of an FSDP-sharded one (with
+    ``merge_adapters``, also of a policy with LoRA adapters: the plain model with them merged).
 
     HF generate stops early on some ranks and would desynchronise a sharded model's per-forward gathers;
     the copy samples without any collective. Refreshing it is a collective (every rank rolls out, so
-    every rank calls it), done only when ``weights_version`` changed.
+    every rank calls it), done only when ``weights_version`` changed. A merged copy decodes without the
+    adapters' extra kernels (two small matmuls, a scale and an add per adapted layer and token).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, merge_adapters: bool = False) -> None:
         self.model: Any = None
+        self.merge_adapters = merge_adapters
         self._synced: tuple[int, int] | None = None
 
     def __call__(self, policy: Any, dtype: torch.dtype | None = None) -> Any:
-        """``policy``, or under FSDP its copy with the current weights, in ``dtype`` (the mixed precision's
-        compute dtype; None: the policy's)."""
-        if not _sharded(policy):
+        """``policy``, or its copy with the current weights, in ``dtype`` (the mixed precision's compute
+        dtype; None: the policy's)."""
+        if not (_sharded(policy) or (self.merge_adapters and has_adapters(policy))):
             return policy
         if self.model is None:
             from transformers import AutoModelForCausalLM

@@ -49,7 +49,7 @@ from ragen2.models.kv import (
     preallocated_cache,
     write_at,
 )
-from ragen2.models.weights import weights_version
+from ragen2.models.weights import SamplingCopy, weights_version
 from ragen2.progress import bar
 from ragen2.rollout.base import FinishReason, PromptMeta, Sample, SamplingParams
 
@@ -230,6 +230,7 @@ class HFSampler:
         decode_step: str = "auto",
         compile: bool = False,
         fuse_projections: bool = False,
+        merge_adapters: bool = False,
     ) -> None:
         """``check_every``: steps between the host's stop checks (None: every step on the CPU, where a
         check waits for nothing, and every 8 on a GPU). ``decode_step``: ``graph`` records the decode step
@@ -240,7 +241,10 @@ class HFSampler:
         class for every batch size and cache length (dynamic shapes): the first call pays the compilation. The
         compiled step calls the model's ``forward``, so hooks on the model itself (not its layers) do not run.
         ``fuse_projections``: each decoder layer's q/k/v projections run as one matmul and gate/up as one
-        (``ragen2.models.fused``; a copy of those weights, rebuilt after each weight change)."""
+        (``ragen2.models.fused``; a copy of those weights, rebuilt after each weight change).
+        ``merge_adapters``: a policy with LoRA adapters is sampled from a plain copy with them merged
+        (``SamplingCopy``: W + s·B A, in the autocast dtype when sampling under autocast), refreshed when the
+        weights change: one more copy of the weights, and no adapter kernels in the decode step."""
         if check_every is not None and check_every < 1:
             raise ValueError(
                 f"rollout.sampler.check_every={check_every} must be ≥ 1 (steps between stop checks). "
@@ -266,6 +270,8 @@ class HFSampler:
         self.decode_step = decode_step
         self.compile = compile
         self.fused = FusedProjections() if fuse_projections else None
+        self.policy = model  # what sync_weights gave; ``model`` is what is sampled (a merged copy of it)
+        self._merged = SamplingCopy(merge_adapters=True) if merge_adapters else None
         self.eos_ids = {i for i in (tokenizer.eos_token_id,) if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._held: list[_Prefix] = []
@@ -278,7 +284,7 @@ class HFSampler:
         self.decode_seconds = 0.0
 
     def sync_weights(self, model: Any) -> None:
-        self.model = model  # same process, same tensors: nothing to copy
+        self.policy = self.model = model  # same process, same tensors: nothing to copy (but a merged copy)
         self._held = []
 
     @torch.no_grad()
@@ -289,11 +295,16 @@ class HFSampler:
         seed: int,
         meta: Sequence[PromptMeta] | None = None,
     ) -> list[Sample]:
-        if self.model is None:
+        if self.policy is None:
             raise RuntimeError("HFSampler has no model: call sync_weights(model) before generate()")
         if not prompts:
             return []
-        device = next(self.model.parameters()).device
+        device = next(self.policy.parameters()).device
+        if self._merged is not None:
+            autocast = torch.is_autocast_enabled(device.type)
+            self.model = self._merged(
+                self.policy, torch.get_autocast_dtype(device.type) if autocast else None
+            )
         if self.decode_step == "graph" and device.type != "cuda":
             raise ValueError(
                 f"rollout.sampler.decode_step='graph' records CUDA graphs, but the model is on {device}. "
