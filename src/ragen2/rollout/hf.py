@@ -241,7 +241,7 @@ class HFSampler:
         class for every batch size and cache length (dynamic shapes): the first call pays the compilation. The
         compiled step calls the model's ``forward``, so hooks on the model itself (not its layers) do not run.
         ``fuse_projections``: each decoder layer's q/k/v projections run as one matmul and gate/up as one
-        (``ragen2.models.fused``; a copy of those weights, rebuilt after each weight change).
+        (``ragen2.models.fused``; a copy of those weights, written again after each weight change).
         ``merge_adapters``: a policy with LoRA adapters is sampled from a plain copy with them merged
         (``SamplingCopy``: W + s·B A, in the autocast dtype when sampling under autocast), refreshed when the
         weights change: one more copy of the weights, and no adapter kernels in the decode step."""
