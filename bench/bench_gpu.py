@@ -191,7 +191,7 @@ def one_run(model_dir: Path, workload: str, strategy: str, scratch: Path, extra:
 def warnings_in(output: str, most: int = 20) -> list[str]:
     """The distinct lines of a run's output that warn (a decode step that could not be recorded as a CUDA
     graph and decoded eagerly says so in one), first seen first, at most ``most``."""
-    found = [line.strip() for line in output.splitlines() if "Warning" in line]  # UserWarning, FutureWarning, …
+    found = [line.strip() for line in output.splitlines() if "Warning" in line]  # UserWarning, …
     return list(dict.fromkeys(found))[:most]
 
 
