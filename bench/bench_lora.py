@@ -235,6 +235,14 @@ def vllm_lora_sampler(tokenizer: Any, rank: int, folder: Path, kv_cache_gb: floa
     return LoRASampler(tokenizer, Settings(model="builtin", kv_cache_gb=kv_cache_gb, max_model_len=4096))
 
 
+def step_adapters(policy: Any, gen: torch.Generator) -> None:
+    """What an optimizer step does to a LoRA policy here: every adapter moves (seeded)."""
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".lora_" in name:
+                p.add_(0.01 * torch.randn(p.shape, generator=gen).to(p.device))
+
+
 def _gap(policy: Any, episodes: list[Any]) -> float:
     """The largest |sampler log p − the policy's own| over the episodes' first turns."""
     worst = 0.0
@@ -273,10 +281,7 @@ def vllm_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(0)
         syncs, rollouts, tokens = [], [], []
         for iteration in range(args.iterations + 1):
-            with torch.no_grad():  # an optimizer step: every adapter moves
-                for name, p in policy.named_parameters():
-                    if ".lora_" in name:
-                        p.add_(0.01 * torch.randn(p.shape, generator=gen))
+            step_adapters(policy, gen)
             start = time.perf_counter()
             sampler.sync_weights(policy)
             sync_s = time.perf_counter() - start
@@ -318,10 +323,7 @@ def hf_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     rollouts, decode, tokens = [], [], []
     for iteration in range(args.iterations + 1):
-        with torch.no_grad():  # an optimizer step: every adapter moves
-            for name, p in policy.named_parameters():
-                if ".lora_" in name:
-                    p.add_(0.01 * torch.randn(p.shape, generator=gen).to(device))
+        step_adapters(policy, gen)
         sampler.sync_weights(policy)
         decode_s = sampler.decode_seconds
         start = time.perf_counter()
