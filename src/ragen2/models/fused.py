@@ -64,11 +64,10 @@ class _First(nn.Module):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first, *rest = torch.nn.functional.linear(x, self.group.weight, self.group.bias).split(
-            self.group.sizes, -1
-        )
-        self.group.pending = rest
-        return first
+        out = torch.nn.functional.linear(x, self.group.weight, self.group.bias).split(self.group.sizes, -1)
+        # list(): a starred unpacking traced by torch.compile (torch 2.11) came back a tuple after a graph break
+        self.group.pending = list(out[1:])
+        return out[0]
 
 
 class _Taken(nn.Module):
