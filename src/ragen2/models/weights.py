@@ -102,9 +102,15 @@ class SamplingCopy:
                 full = AutoModelForCausalLM.from_config(policy.config, dtype=dtype or policy.dtype)
             self.model = full.eval()
         if self._synced != weights_version(policy):
-            missing = self.model.load_state_dict(dict(full_named_tensors(policy)), strict=False).missing_keys
-            self.model.tie_weights()
-            untied = [k for k in missing if k not in _tied_names(self.model)]
+            # written tensor by tensor as they stream in: a dict of them all would hold a second full copy
+            # in the policy's dtype (12 GB more for a 3B fp32 base) at the refresh's peak
+            target = self.model.state_dict()  # the copy's own tensors (ties kept: one tensor, two names)
+            written = set()
+            for name, tensor in full_named_tensors(policy):
+                if name in target:
+                    target[name].copy_(tensor)
+                    written.add(name)
+            untied = sorted(set(target) - written - _tied_names(self.model))
             assert not untied, f"the sampling copy lacks {untied}"
             self._synced = weights_version(policy)
         return self.model
