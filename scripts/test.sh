@@ -23,7 +23,7 @@ fi
 # glibc's malloc serves blocks over its threshold (128 KiB, rising to at most 32 MiB) with mmap and gives
 # them back to the kernel when freed, so each step of the tests' many small runs page-faults its activations
 # in again: the kernel's share of the suite's CPU time was about a seventh. Keeping freed memory in the
-# process (allocations up to 1 GiB from the heap, trimmed above 4 GiB) costs a worker some 0.5 GiB more at
+# process (allocations up to 1 GiB from the heap, trimmed above 4 GiB) cost test_loop.py 0.4 GiB more at
 # its peak (docs/development.md#tests); C libraries other than glibc ignore the setting.
 export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296"
 # one pytest-xdist worker per core, at most one per 6 GiB of memory (a worker holding the built-in model, a
