@@ -106,18 +106,29 @@ SHARED_UNITS = {
     "tests/unit/rollout/test_vllm_sampler.py": "vllm",
 }
 
-#: the units that take longest (a full run's --durations here: two ranks ~5 min, vLLM ~4, SLURM ~2.5, the
-#: main job and the cross-run analysis ~1.5), handed out first, longest first, so that no worker starts a
-#: long unit while the other is nearly done; the rest follow in xdist's order (most tests first)
+#: the units that take longest, longest first (a full run's times here, 2 workers: two ranks ~5.5 min, vLLM
+#: ~3.5, SLURM ~3, the main job ~2, then 1.5 min down to 20 s), handed out before the rest so that no worker
+#: starts a long unit while the other is nearly done; the rest, each under 20 s, follow in xdist's order
+#: (most tests first)
 LONGEST_UNITS = (
     "ranks",
     "vllm",
     "slurm",
     "tests/integration/test_main_job.py",
-    "tests/integration/test_aggregate_analysis.py",
-    "tests/unit/rollout/test_hf_sampler.py",
-    "tests/test_notebooks.py",
+    "tests/integration/test_algorithms.py",
+    "tests/integration/test_loop.py",
     "tests/integration/test_collapse_study.py",
+    "tests/test_notebooks.py",
+    "tests/integration/test_aggregate_analysis.py",
+    "tests/unit/callbacks/test_collapse.py",
+    "tests/integration/test_safe_loading.py",
+    "tests/integration/test_env_configs_train.py",
+    "tests/integration/test_progress.py",
+    "tests/unit/rollout/test_hf_sampler.py",
+    "tests/integration/test_checkpoint_resume.py",
+    "tests/integration/test_diagnose.py",
+    "tests/integration/test_checkpoint_layout.py",
+    "tests/integration/test_multirank_iteration.py",
 )
 
 

