@@ -13,6 +13,7 @@ from ragen2.train import run
 
 # The tiny model and scripted responses (oracle moves, wrong moves, an unclosed <think>) give
 # well-formed, differently rewarded episodes in seconds; lr is large so one step visibly moves weights.
+# No curves.png at the end: drawing it took about a third of such a run (test_loop.py draws and checks it).
 FAST = (
     "model=tiny",
     "rollout=scripted",
@@ -20,7 +21,10 @@ FAST = (
     "algo.entropy_coef=0.0",
     "diagnostics.every_n_iterations=1",
     "trainer.limit_val_batches=0",
+    "callbacks.curves=null",
 )
+#: the override that puts the end-of-run curves.png back
+CURVES = "callbacks.curves={_target_:ragen2.callbacks.CurvesPNG}"
 
 
 @pytest.fixture

@@ -129,22 +129,6 @@ def test_bad_settings_are_refused_at_start(tmp_path: Path, override: str, match:
         _diagnose(tmp_path, override)
 
 
-@pytest.mark.slow
-def test_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """notebooks/03_diagnose.ipynb end to end (the notebooks' own runner, tests/test_notebooks.py)."""
-    from test_notebooks import execute
-
-    probe = """{
-        "rows": len(rows), "iteration": iteration, "metrics": metrics, "region": diag.info["region"],
-        "files": sorted(p.name for p in REPORT.iterdir()), "wrong": len(wrong),
-    }"""
-    found, outputs = execute("03_diagnose.ipynb", probe, tmp_path, monkeypatch)
-    assert found["iteration"] == 1 and found["rows"] == found["metrics"]["rows"] >= 8
-    assert found["metrics"]["columns"] == 8 and found["region"] == "template collapse"
-    assert set(FILES) <= set(found["files"]) and found["wrong"] >= 1
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
-
-
 def test_a_rollouts_file_cut_mid_line_keeps_its_whole_lines(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

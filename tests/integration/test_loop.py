@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from integration.conftest import CURVES
+
 NAMESPACES = ("rollout/", "filter/", "diag/", "train/", "time/")
 
 
@@ -123,7 +125,7 @@ def test_resume_from_last_ckpt_equals_running_on(algo: list[str], train, tmp_pat
 
 
 def test_wandb_offline_files_and_curves_png(train, tmp_path: Path) -> None:
-    _, cfg = train(["iterations=1", "logger=wandb"])
+    _, cfg = train(["iterations=1", "logger=wandb", CURVES])
     run_dir = Path(cfg.run_dir)
     offline = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert offline and offline[0].stat().st_size > 0

@@ -74,10 +74,7 @@ def test_sweep_config_composes_into_a_grid_of_existing_options(sweep: str) -> No
                 )
     grid = list(itertools.product(*choices.values()))
     assert len(grid) == len(set(grid)) > 1
-    # each option composes with the sweep's other settings
-    for group, options in choices.items():
-        for option in options:
-            _compose([f"+sweep={sweep}", f"{group}={option}"])
+    # that each option composes with the sweep's other settings, test_every_cell_of_a_sweep_... shows cell by cell
 
 
 def _grid(sweep: str) -> dict[str, list[str]]:

@@ -161,6 +161,7 @@ def test_a_run_with_the_pass_on_trains_exactly_as_with_it_off(tmp_path: Path) ->
         "algo.kl_coef=0.05",
         "diagnostics.enabled=false",
         "trainer.limit_val_batches=0",
+        "callbacks.curves=null",
     ]
     rows = {}
     for every in (0, 1):
