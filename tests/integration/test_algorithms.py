@@ -101,16 +101,16 @@ def test_micro_batching_does_not_change_the_gradient(algo: str, train) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("scaling", "power"), [("linear", 1.0), ("sqrt", 0.5)])
-def test_loss_scaling_scales_advantages_by_the_kept_ratio(scaling: str, power: float, train) -> None:
+def test_loss_scaling_scales_advantages_by_the_kept_ratio(train) -> None:
     # the same seeds give the same batch and the same kept groups; only the advantages' scale differs
     plain, _ = train(["iterations=1", "algo.loss_scaling=none"], name="plain")
-    scaled, _ = train(["iterations=1", f"algo.loss_scaling={scaling}"], name=scaling)
     ratio = plain["filter/kept_ratio"]
     assert 0 < ratio < 1
-    assert scaled["train/advantage_abs"] == pytest.approx(
-        plain["train/advantage_abs"] * ratio**power, rel=1e-5
-    )
+    for scaling, power in (("linear", 1.0), ("sqrt", 0.5)):
+        scaled, _ = train(["iterations=1", f"algo.loss_scaling={scaling}"], name=scaling)
+        assert scaled["train/advantage_abs"] == pytest.approx(
+            plain["train/advantage_abs"] * ratio**power, rel=1e-5
+        ), scaling
 
 
 @pytest.mark.slow
