@@ -69,3 +69,40 @@ def test_missing_wheel_says_how_to_fix(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_dtype_names_the_key() -> None:
     with pytest.raises(ValueError, match="model.dtype"):
         load_model("tiny", dtype="float8")
+
+
+def test_a_build_replaces_what_a_broken_or_killed_builder_left(tmp_path: Path, monkeypatch) -> None:
+    """A target without config.json (a build that wrote only the tokenizer) and a killed builder's temp folder:
+    the next build under the lock removes both and publishes a whole folder."""
+    monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
+    (tmp_path / "thing").mkdir()
+    (tmp_path / "thing" / "tokenizer.json").write_text("{}")
+    (tmp_path / ".thing-killed").mkdir()
+    (tmp_path / ".thing-killed" / "model.safetensors").write_bytes(b"0" * 64)
+
+    path = loading._build_once("thing", lambda tmp: (tmp / "config.json").write_text("{}"))
+    assert sorted(p.name for p in path.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thing", "thing.lock"]
+
+
+def test_a_build_that_writes_no_config_is_refused_and_publishes_nothing(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"'thing' .* wrote no config.json: tokenizer.json"):
+        loading._build_once("thing", lambda tmp: (tmp / "tokenizer.json").write_text("{}"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thing.lock"]
+
+
+def test_rank_one_of_a_process_group_builds_a_whole_model_folder(tmp_path: Path, monkeypatch) -> None:
+    """Under DDP the rank that takes the cache's lock first may be any; transformers' save_pretrained writes
+    a model only on rank 0 once torch.distributed is initialised, which left a tokenizer-only folder."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
+    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())
+    try:
+        folder = Path(resolve_model_path("tiny-qwen2"))
+    finally:
+        dist.destroy_process_group()
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert load_model("tiny-qwen2").config.vocab_size == 151_936

