@@ -5,16 +5,19 @@ changes do not either, so a dirty checkout is refused), runs ``bash scripts/test
 writes it, and records: pytest's counts and its own time for the suite (``suite_s``, the summary line after
 "stage 2"), the whole command's wall time with the install (``with_install_s``), the command's CPU time (user
 and system, every child process), whether pip's download cache held anything before the start (a cold cache
-downloads some GB first), the exit status and the slowest tests pytest listed. Time it on an otherwise idle
-machine: the load average at the start is in the record.
+downloads some GB first), the exit status and the slowest tests pytest listed. As on CI's fresh machine, the
+built-in and tiny models are built again: ``RAGEN2_CACHE`` is an empty temporary folder (``--warm-model-cache``
+uses the usual one, which skips those builds). Time it on an otherwise idle machine: the load average at the
+start is in the record.
 
-  python bench/bench_test_command.py [--label NAME] [--log FILE] [--keep]
+  python bench/bench_test_command.py [--label NAME] [--log FILE] [--keep] [--warm-model-cache]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import shutil
@@ -59,12 +62,14 @@ def _pip_cache_warm() -> bool:
     return folder is not None and folder.is_dir() and any(folder.iterdir())
 
 
-def time_command(clone: Path, log: Path) -> dict[str, Any]:
+def time_command(clone: Path, log: Path, env: dict[str, str]) -> dict[str, Any]:
     """``bash scripts/test.sh`` in ``clone``, its output in ``log``: wall and CPU seconds, exit status."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     with log.open("w") as out:
-        status = subprocess.run(["bash", "scripts/test.sh"], cwd=clone, stdout=out, stderr=subprocess.STDOUT)
+        status = subprocess.run(
+            ["bash", "scripts/test.sh"], cwd=clone, stdout=out, stderr=subprocess.STDOUT, env=env
+        )
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
@@ -82,6 +87,9 @@ def main() -> None:
         "--log", type=Path, help="the command's output (default: test_command.log in the clone)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
+    parser.add_argument(
+        "--warm-model-cache", action="store_true", help="use the usual RAGEN2_CACHE, not an empty folder"
+    )
     args = parser.parse_args()
     record = provenance()
     if record["dirty"]:
@@ -92,8 +100,10 @@ def main() -> None:
     clone = Path(tempfile.mkdtemp(prefix="ragen2-test-command-"))
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     log = args.log or clone / "test_command.log"
+    cache = None if args.warm_model_cache else tempfile.mkdtemp(prefix="ragen2-model-cache-")
+    env = {**os.environ, **({"RAGEN2_CACHE": cache} if cache else {})}
     print(f"bash scripts/test.sh in {clone} (output: {log})", flush=True)
-    timed = time_command(clone, log)
+    timed = time_command(clone, log, env)
     output = log.read_text(errors="replace")
     if STAGE_2 not in output:
         sys.exit(f"bench_test_command: stage 1 (lint, format, types) failed, no suite ran: {log}")
@@ -101,6 +111,7 @@ def main() -> None:
     run = {
         "provenance": record,
         "pip_cache_warm": warm,
+        "model_cache": "warm" if args.warm_model_cache else "empty",
         **summary["counts"],
         **timed,
         "suite_s": summary["suite_s"],
@@ -110,6 +121,8 @@ def main() -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"runs": {}}
     results = {"what": WHAT, "runs": {**results["runs"], label: run}}
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
     if not args.keep:
         shutil.rmtree(clone, ignore_errors=True)
     print(f"{'':<4}{'passed':>7}{'failed':>7}{'errors':>7}{'suite s':>9}{'with install s':>16}{'exit':>6}")
