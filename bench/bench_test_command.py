@@ -8,7 +8,9 @@ and system, every child process), whether pip's download cache held anything bef
 downloads some GB first), the exit status and the slowest tests pytest listed. As on CI's fresh machine, the
 built-in and tiny models are built again: ``RAGEN2_CACHE`` is an empty temporary folder (``--warm-model-cache``
 uses the usual one, which skips those builds). Time it on an otherwise idle machine: the load average at the
-start is in the record.
+start is in the record. So is the most disk the command took at once (``disk_peak_gb``: the filesystem's used
+space, read every 2 s, above what it was at the start; venv and test folders together, and anything else
+writing to that disk in the meantime).
 
   python bench/bench_test_command.py [--label NAME] [--log FILE] [--keep] [--warm-model-cache]
 """
@@ -24,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,9 +65,30 @@ def _pip_cache_warm() -> bool:
     return folder is not None and folder.is_dir() and any(folder.iterdir())
 
 
+class DiskPeak(threading.Thread):
+    """The most of ``folder``'s filesystem in use while running, above its use at the start, in bytes."""
+
+    def __init__(self, folder: Path, every_s: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.every_s, self.done = folder, every_s, threading.Event()
+        self.start_used = self.peak_used = shutil.disk_usage(folder).used
+
+    def run(self) -> None:
+        while not self.done.wait(self.every_s):
+            self.peak_used = max(self.peak_used, shutil.disk_usage(self.folder).used)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join()
+        return self.peak_used - self.start_used
+
+
 def time_command(clone: Path, log: Path, env: dict[str, str]) -> dict[str, Any]:
-    """``bash scripts/test.sh`` in ``clone``, its output in ``log``: wall and CPU seconds, exit status."""
+    """``bash scripts/test.sh`` in ``clone``, its output in ``log``: wall and CPU seconds, exit status, the
+    disk's peak use above the start."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    disk = DiskPeak(clone)
+    disk.start()
     start = time.monotonic()
     with log.open("w") as out:
         status = subprocess.run(
@@ -75,6 +99,7 @@ def time_command(clone: Path, log: Path, env: dict[str, str]) -> dict[str, Any]:
     return {
         "exit_status": status.returncode,
         "with_install_s": round(wall, 3),
+        "disk_peak_gb": round(disk.stop() / 1e9, 2),
         "user_s": round(after.ru_utime - before.ru_utime, 3),
         "sys_s": round(after.ru_stime - before.ru_stime, 3),
     }

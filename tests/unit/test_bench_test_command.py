@@ -3,13 +3,15 @@ slowest tests (the output below is the shape pytest-xdist prints, cut)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from bench_test_command import STAGE_2, pytest_summary
+from bench_test_command import STAGE_2, DiskPeak, pytest_summary
 
 OUTPUT = """ragen2 installed: torch 2.13.0+cpu
 stage 1: ruff check, ruff format --check, the type check
@@ -52,3 +54,19 @@ def test_one_error_and_a_line_without_the_hour() -> None:
 def test_output_without_a_summary_is_refused() -> None:
     with pytest.raises(ValueError, match="no pytest summary line"):
         pytest_summary("stage 2: every test\nKilled\n")
+
+
+def test_the_disk_peak_sees_a_file_that_came_and_went(tmp_path: Path) -> None:
+    """64 MB written, held across several reads, then removed: the peak keeps it (the disk is shared, so other
+    writers can only add to what is seen, by a little in this short a window)."""
+    disk = DiskPeak(tmp_path, every_s=0.05)
+    disk.start()
+    big = tmp_path / "big"
+    with big.open("wb") as f:
+        f.write(b"\1" * 64 * 2**20)
+        f.flush()
+        os.fsync(f.fileno())
+    time.sleep(0.5)
+    big.unlink()
+    time.sleep(0.2)
+    assert 60 * 2**20 <= disk.stop() < 1 * 2**30
