@@ -88,17 +88,12 @@ def _build_once(name: str, build: Callable[[Path], None]) -> Path:
         try:
             build(tmp)
             if not (tmp / "config.json").is_file():
-                raise RuntimeError(
-                    f"building the model {name!r} in {tmp} wrote no config.json: {_listing(tmp)}"
-                )
+                wrote = ", ".join(sorted(p.name for p in tmp.iterdir())) or "nothing"
+                raise RuntimeError(f"building the model {name!r} in {tmp} wrote no config.json: {wrote}")
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _listing(folder: Path) -> str:
-    return ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
 
 
 def _save_model(model: Any, out: Path) -> None:
