@@ -12,6 +12,15 @@ start is in the record. So is the most disk the command took at once (``disk_pea
 space, read every 2 s, above what it was at the start; venv and test folders together, and anything else
 writing to that disk in the meantime).
 
+Each test's seconds (setup, call and teardown) come from a junit report (``PYTEST_ADDOPTS`` adds it; the
+command is otherwise as written). Summed by the unit pytest-xdist runs on one worker (a file, or one of
+tests/conftest.py's ``SHARED_UNITS``), they give ``units`` and ``projected_s``: the suite's time on 1 to 16
+workers, replaying xdist's scheduling (tests/conftest.py's order, a worker taking its next unit when two of
+its tests are left) with each test as long as it took here. That is a projection, not a measurement: on
+more cores a test that starts processes or a vLLM engine shares fewer cores and runs faster, and faster or
+slower cores scale everything. ``overhead_s`` (the suite's time less the replay on this run's own workers:
+start-up and collection) is added to every projection.
+
   python bench/bench_test_command.py [--label NAME] [--log FILE] [--keep] [--warm-model-cache]
 """
 
@@ -28,6 +37,9 @@ import sys
 import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +54,9 @@ STAGE_2 = "\nstage 2: "  # scripts/test.sh's line before the suite; stage 1's ty
 SUMMARY = re.compile(r"^=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s(?: \([\d:]+\))? =+$", re.M)
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
 SLOWEST = re.compile(r"^(?P<seconds>[\d.]+)s (?:call|setup|teardown) +(?P<test>\S+)$", re.M)
+JUNIT = "test_command.xml"  # in the clone; xunit1 names each test's file
+PROJECTED_WORKERS = (1, 2, 4, 8, 16)
+WORKERS = re.compile(r"^created: \d+/(?P<workers>\d+) workers$", re.M)  # pytest-xdist's line
 
 
 def pytest_summary(output: str) -> dict[str, Any]:
@@ -55,6 +70,71 @@ def pytest_summary(output: str) -> dict[str, Any]:
     durations = output.rsplit("slowest", 1)[-1] if "slowest" in output else ""
     slowest = [[float(m["seconds"]), m["test"]] for m in SLOWEST.finditer(durations)]
     return {"counts": counts, "suite_s": float(last["seconds"]), "slowest": slowest}
+
+
+def unit_times(junit: Path, shared: Mapping[str, str]) -> dict[str, list[float]]:
+    """Each xdist work unit's tests' seconds, in the order they ran, from a junit report (xunit1): a unit is
+    the test's file, or its name in ``shared``."""
+    units: dict[str, list[float]] = {}
+    for case in ET.parse(junit).iter("testcase"):
+        file = case.get("file")
+        if file is None:
+            raise ValueError(f"{junit}: a testcase without a file attribute (the report must be xunit1)")
+        units.setdefault(shared.get(file, file), []).append(float(case.get("time", 0)))
+    return units
+
+
+def replay(units: Mapping[str, Sequence[float]], workers: int, first: Sequence[str] = ()) -> float:
+    """When the last of ``workers`` would finish ``units`` under tests/conftest.py's scheduler: units queued
+    by their number of tests, most first (xdist's reorder; ties keep ``units``' order), the ``first`` of them
+    that are still waiting handed out before any other; each worker gets one unit at the start, and another
+    whenever at most two of its tests are left (xdist's ``_reschedule``), including at the start."""
+    queue = sorted(units, key=lambda unit: -len(units[unit]))
+    pending: list[list[float]] = [[] for _ in range(workers)]
+    clock = [0.0] * workers
+
+    def assign(worker: int) -> None:
+        unit = next((unit for unit in first if unit in queue), queue[0])
+        queue.remove(unit)
+        pending[worker].extend(units[unit])
+
+    for worker in range(workers):
+        if queue:
+            assign(worker)
+    for worker in range(workers):
+        if queue and len(pending[worker]) <= 2:
+            assign(worker)
+    while any(pending):
+        worker = min((w for w in range(workers) if pending[w]), key=lambda w: clock[w] + pending[w][0])
+        clock[worker] += pending[worker].pop(0)
+        if queue and len(pending[worker]) <= 2:
+            assign(worker)
+    return max(clock)
+
+
+def projection(
+    units: Mapping[str, Sequence[float]], workers: int, suite_s: float, first: Sequence[str]
+) -> dict[str, Any]:
+    """``units`` (their seconds and test counts, longest first), the overhead of a run on ``workers`` that took
+    ``suite_s``, and the projected suite time on each of ``PROJECTED_WORKERS``."""
+    overhead = suite_s - replay(units, workers, first)
+    return {
+        "units": {
+            unit: [round(sum(times), 2), len(times)]
+            for unit, times in sorted(units.items(), key=lambda item: -sum(item[1]))
+        },
+        "overhead_s": round(overhead, 2),
+        "projected_s": {n: round(replay(units, n, first) + overhead, 1) for n in PROJECTED_WORKERS},
+    }
+
+
+def _conftest(clone: Path) -> Any:
+    """The clone's tests/conftest.py, for its ``SHARED_UNITS`` and ``LONGEST_UNITS``."""
+    spec = spec_from_file_location("ragen2_tests_conftest", clone / "tests" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _pip_cache_warm() -> bool:
@@ -126,13 +206,24 @@ def main() -> None:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     log = args.log or clone / "test_command.log"
     cache = None if args.warm_model_cache else tempfile.mkdtemp(prefix="ragen2-model-cache-")
-    env = {**os.environ, **({"RAGEN2_CACHE": cache} if cache else {})}
+    junit = f"-o junit_family=xunit1 --junitxml={clone / JUNIT}"
+    addopts = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), junit]))
+    env = {**os.environ, "PYTEST_ADDOPTS": addopts, **({"RAGEN2_CACHE": cache} if cache else {})}
     print(f"bash scripts/test.sh in {clone} (output: {log})", flush=True)
     timed = time_command(clone, log, env)
     output = log.read_text(errors="replace")
     if STAGE_2 not in output:
         sys.exit(f"bench_test_command: stage 1 (lint, format, types) failed, no suite ran: {log}")
-    summary = pytest_summary(output.split(STAGE_2, 1)[1])
+    suite = output.split(STAGE_2, 1)[1]
+    summary = pytest_summary(suite)
+    workers = WORKERS.search(suite)
+    conftest = _conftest(clone)
+    projected = projection(
+        unit_times(clone / JUNIT, conftest.SHARED_UNITS),
+        int(workers["workers"]) if workers else 1,
+        summary["suite_s"],
+        conftest.LONGEST_UNITS,
+    )
     run = {
         "provenance": record,
         "pip_cache_warm": warm,
@@ -141,6 +232,7 @@ def main() -> None:
         **timed,
         "suite_s": summary["suite_s"],
         "slowest": summary["slowest"],
+        **projected,
     }
     label = args.label or f"{record['date'][:10]} fresh clone {record['commit'][:7]}"
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"runs": {}}
@@ -157,6 +249,9 @@ def main() -> None:
     )
     for seconds, test in summary["slowest"][:8]:
         print(f"{seconds:>8.1f} s  {test}")
+    print("projected suite s (each test as long as here; overhead " + f"{run['overhead_s']} s):")
+    print("".join(f"{f'{n} workers':>12}" for n in PROJECTED_WORKERS))
+    print("".join(f"{run['projected_s'][n]:>12.1f}" for n in PROJECTED_WORKERS))
     print(f"{RESULTS} ({label})")
 
 

@@ -1,5 +1,6 @@
 """bench/bench_test_command.py reads pytest's own summary: the counts and seconds of the suite's line, the
-slowest tests (the output below is the shape pytest-xdist prints, cut)."""
+slowest tests (the output below is the shape pytest-xdist prints, cut); it sums a junit report by xdist's work
+units and replays the scheduler on other numbers of workers (times derived by hand below)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from bench_test_command import STAGE_2, DiskPeak, pytest_summary
+from bench_test_command import STAGE_2, WORKERS, DiskPeak, projection, pytest_summary, replay, unit_times
 
 OUTPUT = """ragen2 installed: torch 2.13.0+cpu
 stage 1: ruff check, ruff format --check, the type check
@@ -70,3 +71,68 @@ def test_the_disk_peak_sees_a_file_that_came_and_went(tmp_path: Path) -> None:
     big.unlink()
     time.sleep(0.2)
     assert 60 * 2**20 <= disk.stop() < 1 * 2**30
+
+
+def test_the_workers_line() -> None:
+    found = WORKERS.search(OUTPUT.split(STAGE_2, 1)[1])
+    assert found is not None and found["workers"] == "2"
+
+
+#: four units of three tests each (12, 9, 6 and 3 s), in collection order
+UNITS = {"x": [3.0, 3.0, 3.0], "y": [2.0, 2.0, 2.0], "w": [1.0, 1.0, 1.0], "z": [4.0, 4.0, 4.0]}
+
+
+def test_replay_hands_out_a_unit_when_two_tests_are_left() -> None:
+    """Two workers, in order: worker 0 takes x, worker 1 y; at 2 s worker 1 has two tests left and takes w; at
+    3 s worker 0 takes z and ends at 3 + 3 + 3 + 12 = 21 s (worker 1 at 9 s)."""
+    assert replay(UNITS, 2) == 21.0
+
+
+def test_replay_hands_out_the_longest_units_first() -> None:
+    """z first: worker 0 takes z, worker 1 x; at 3 s worker 1 takes y (ends 9 + 6 = 15 s), at 4 s worker 0 takes
+    w (ends 12 + 3 = 15 s)."""
+    assert replay(UNITS, 2, first=("z",)) == 15.0
+
+
+def test_replay_on_one_worker_and_on_one_per_unit() -> None:
+    assert replay(UNITS, 1) == 30.0  # everything in a row
+    assert replay(UNITS, 4) == 12.0  # each unit alone: the longest
+    assert replay(UNITS, 16) == 12.0  # the workers beyond the units idle
+
+
+def test_replay_takes_units_of_fewer_tests_last_and_prefetches_at_the_start() -> None:
+    """xdist queues the unit of most tests first: worker 0 takes b (three 1 s tests), worker 1 a (one 10 s
+    test), which leaves worker 1 with under three tests at the start, so it takes c too: 10 + 5 = 15 s, where
+    worker 0 is idle from 3 s."""
+    assert replay({"a": [10.0], "b": [1.0, 1.0, 1.0], "c": [5.0]}, 2) == 15.0
+
+
+def test_the_projection_adds_the_runs_overhead() -> None:
+    """A run on 2 workers that took 20 s, where the replay gives 15 s: 5 s of overhead on every projection."""
+    projected = projection(UNITS, 2, 20.0, first=("z",))
+    assert projected["units"] == {"z": [12.0, 3], "x": [9.0, 3], "y": [6.0, 3], "w": [3.0, 3]}
+    assert projected["overhead_s"] == 5.0
+    assert projected["projected_s"] == {1: 35.0, 2: 20.0, 4: 17.0, 8: 17.0, 16: 17.0}
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest"
+ errors="0" failures="0" skipped="0" tests="4" time="9.1" hostname="vm">
+<testcase classname="tests.a" name="test_one" file="tests/a.py" line="2" time="1.5" />
+<testcase classname="tests.ranks_one" name="test_r[ddp]" file="tests/ranks_one.py" line="3" time="4.0" />
+<testcase classname="tests.a.TestB" name="test_two" file="tests/a.py" line="9" time="0.25" />
+<testcase classname="tests.ranks_two" name="test_s" file="tests/ranks_two.py" line="3" time="3.0" />
+</testsuite></testsuites>"""
+
+
+def test_unit_times_from_a_junit_report(tmp_path: Path) -> None:
+    report = tmp_path / "report.xml"
+    report.write_text(JUNIT)
+    shared = {"tests/ranks_one.py": "ranks", "tests/ranks_two.py": "ranks"}
+    assert unit_times(report, shared) == {"tests/a.py": [1.5, 0.25], "ranks": [4.0, 3.0]}
+
+
+def test_a_report_without_files_is_refused(tmp_path: Path) -> None:
+    report = tmp_path / "report.xml"
+    report.write_text(JUNIT.replace(' file="tests/a.py"', ""))
+    with pytest.raises(ValueError, match="without a file attribute"):
+        unit_times(report, {})
