@@ -40,6 +40,9 @@ def execute(name: str, probe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
     nb.cells.append(nbformat.v4.new_code_cell(probe_cell))
     monkeypatch.setenv("RAGEN2_NOTEBOOK_SMOKE", "1")
+    # the notebooks' run folders (tempfile.mkdtemp, kept for a user to look into) go in the test's folder,
+    # which pytest removes, not in /tmp
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     kernel = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
     client = NotebookClient(nb, km=kernel, timeout=300, resources={"metadata": {"path": str(tmp_path)}})
     # nbclient stops only the kernels it made itself: without cleanup_kc this one (~0.5 GB) would live on
