@@ -21,7 +21,12 @@ more cores a test that starts processes or a vLLM engine shares fewer cores and 
 slower cores scale everything. ``overhead_s`` (the suite's time less the replay on this run's own workers:
 start-up and collection) is added to every projection.
 
-  python bench/bench_test_command.py [--label NAME] [--log FILE] [--keep] [--warm-model-cache]
+``--alone UNIT ...`` runs, instead of the whole suite, each named unit by itself in the clone (``bash
+scripts/test.sh -m "not gpu" FILE ...``, the install first): with the other workers idle, the unit's tests
+have the cores a machine with more of them would give it, so its time (``alone``) is measured, not
+projected, and no number of workers makes the suite shorter than the longest unit.
+
+  python bench/bench_test_command.py [--label NAME] [--log FILE] [--keep] [--warm-model-cache] [--alone UNIT ...]
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from provenance import ROOT, provenance
 RESULTS = ROOT / "bench" / "results" / "test_command.json"
 WHAT = (
     "the README's test command (command 2) from a fresh clone of the commit (bench/bench_test_command.py); "
-    "suite_s is pytest's own time for the suite, with_install_s the whole command"
+    "suite_s is pytest's own time for the suite, with_install_s the whole command; a run with alone ran only "
+    "the work units it names, each by itself (--alone)"
 )
 STAGE_2 = "\nstage 2: "  # scripts/test.sh's line before the suite; stage 1's type check prints a summary too
 SUMMARY = re.compile(r"^=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s(?: \([\d:]+\))? =+$", re.M)
@@ -163,16 +169,16 @@ class DiskPeak(threading.Thread):
         return self.peak_used - self.start_used
 
 
-def time_command(clone: Path, log: Path, env: dict[str, str]) -> dict[str, Any]:
-    """``bash scripts/test.sh`` in ``clone``, its output in ``log``: wall and CPU seconds, exit status, the
-    disk's peak use above the start."""
+def time_command(clone: Path, log: Path, env: dict[str, str], args: Sequence[str] = ()) -> dict[str, Any]:
+    """``bash scripts/test.sh [args]`` in ``clone``, its output in ``log``: wall and CPU seconds, exit status,
+    the disk's peak use above the start."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     disk = DiskPeak(clone)
     disk.start()
     start = time.monotonic()
     with log.open("w") as out:
         status = subprocess.run(
-            ["bash", "scripts/test.sh"], cwd=clone, stdout=out, stderr=subprocess.STDOUT, env=env
+            ["bash", "scripts/test.sh", *args], cwd=clone, stdout=out, stderr=subprocess.STDOUT, env=env
         )
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -185,6 +191,55 @@ def time_command(clone: Path, log: Path, env: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def unit_files(unit: str, shared: Mapping[str, str]) -> list[str]:
+    """The test files of ``unit``: a name of ``shared`` (tests/conftest.py's SHARED_UNITS), or a file."""
+    files = [file for file, name in shared.items() if name == unit]
+    if files or Path(unit).suffix == ".py":
+        return files or [unit]
+    raise SystemExit(
+        f"bench_test_command: --alone {unit!r} is neither a test file nor a unit of tests/conftest.py's "
+        f"SHARED_UNITS ({', '.join(sorted(set(shared.values())))}). Fix: name one of those, or a file"
+    )
+
+
+def alone(clone: Path, units: Sequence[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Each of ``units`` run by itself in ``clone`` (the README's test command with the unit's files): its
+    counts, pytest's time and the exit status; the outputs one after another in ``log``."""
+    shared = _conftest(clone).SHARED_UNITS
+    found = {}
+    for unit in units:
+        part = log.with_suffix(f".{unit.replace('/', '_')}.log")
+        timed = time_command(clone, part, env, ["-m", "not gpu", *unit_files(unit, shared)])
+        output = part.read_text(errors="replace")
+        with log.open("a") as out:
+            out.write(output)
+        summary = pytest_summary(output)
+        found[unit] = {
+            **summary["counts"],
+            "suite_s": summary["suite_s"],
+            "exit_status": timed["exit_status"],
+        }
+    print(f"{'unit':<40}{'passed':>7}{'failed':>7}{'s alone':>9}{'exit':>6}")
+    for unit, got in found.items():
+        print(
+            f"{unit:<40}{got.get('passed', 0):>7}{got.get('failed', 0):>7}{got['suite_s']:>9.1f}{got['exit_status']:>6}"
+        )
+    return {"alone": found}
+
+
+def _save(label: str, run: dict[str, Any]) -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"runs": {}}
+    results = {"what": WHAT, "runs": {**results["runs"], label: run}}
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def _clean(cache: str | None, clone: Path, keep: bool) -> None:
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(clone, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--label", help="the run's name in the JSON (default: the date, the commit)")
@@ -194,6 +249,12 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     parser.add_argument(
         "--warm-model-cache", action="store_true", help="use the usual RAGEN2_CACHE, not an empty folder"
+    )
+    parser.add_argument(
+        "--alone",
+        nargs="+",
+        metavar="UNIT",
+        help="instead of the whole suite, run each unit by itself (a name of SHARED_UNITS, or a test file)",
     )
     args = parser.parse_args()
     record = provenance()
@@ -210,6 +271,13 @@ def main() -> None:
     addopts = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), junit]))
     env = {**os.environ, "PYTEST_ADDOPTS": addopts, **({"RAGEN2_CACHE": cache} if cache else {})}
     print(f"bash scripts/test.sh in {clone} (output: {log})", flush=True)
+    label = args.label or f"{record['date'][:10]} fresh clone {record['commit'][:7]}"
+    model_cache = "warm" if args.warm_model_cache else "empty"
+    if args.alone:
+        run = {"provenance": record, "pip_cache_warm": warm, "model_cache": model_cache}
+        _save(label, {**run, **alone(clone, args.alone, log, env)})
+        _clean(cache, clone, args.keep)
+        return
     timed = time_command(clone, log, env)
     output = log.read_text(errors="replace")
     if STAGE_2 not in output:
@@ -227,21 +295,15 @@ def main() -> None:
     run = {
         "provenance": record,
         "pip_cache_warm": warm,
-        "model_cache": "warm" if args.warm_model_cache else "empty",
+        "model_cache": model_cache,
         **summary["counts"],
         **timed,
         "suite_s": summary["suite_s"],
         "slowest": summary["slowest"],
         **projected,
     }
-    label = args.label or f"{record['date'][:10]} fresh clone {record['commit'][:7]}"
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"runs": {}}
-    results = {"what": WHAT, "runs": {**results["runs"], label: run}}
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-    if cache:
-        shutil.rmtree(cache, ignore_errors=True)
-    if not args.keep:
-        shutil.rmtree(clone, ignore_errors=True)
+    _save(label, run)
+    _clean(cache, clone, args.keep)
     print(f"{'':<4}{'passed':>7}{'failed':>7}{'errors':>7}{'suite s':>9}{'with install s':>16}{'exit':>6}")
     print(
         f"{'':<4}{run.get('passed', 0):>7}{run.get('failed', 0):>7}{run.get('errors', 0):>7}"

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from bench_test_command import STAGE_2, WORKERS, DiskPeak, projection, pytest_summary, replay, unit_times
+from bench_test_command import (
+    STAGE_2,
+    WORKERS,
+    DiskPeak,
+    projection,
+    pytest_summary,
+    replay,
+    unit_files,
+    unit_times,
+)
 
 OUTPUT = """ragen2 installed: torch 2.13.0+cpu
 stage 1: ruff check, ruff format --check, the type check
@@ -136,3 +145,11 @@ def test_a_report_without_files_is_refused(tmp_path: Path) -> None:
     report.write_text(JUNIT.replace(' file="tests/a.py"', ""))
     with pytest.raises(ValueError, match="without a file attribute"):
         unit_times(report, {})
+
+
+def test_a_units_files() -> None:
+    shared = {"tests/ranks_one.py": "ranks", "tests/ranks_two.py": "ranks", "tests/v.py": "vllm"}
+    assert unit_files("ranks", shared) == ["tests/ranks_one.py", "tests/ranks_two.py"]
+    assert unit_files("tests/integration/test_main_job.py", shared) == ["tests/integration/test_main_job.py"]
+    with pytest.raises(SystemExit, match="'rank' is neither a test file nor a unit .* \\(ranks, vllm\\)"):
+        unit_files("rank", shared)
