@@ -213,7 +213,9 @@ def alone(clone: Path, units: Sequence[str], log: Path, env: dict[str, str]) -> 
         output = part.read_text(errors="replace")
         with log.open("a") as out:
             out.write(output)
-        summary = pytest_summary(output)
+        # a unit that ended without pytest's summary (killed, or the install failed) keeps its exit status,
+        # and the units after it still run
+        summary = pytest_summary(output) if SUMMARY.search(output) else {"counts": {}, "suite_s": None}
         found[unit] = {
             **summary["counts"],
             "suite_s": summary["suite_s"],
@@ -221,8 +223,9 @@ def alone(clone: Path, units: Sequence[str], log: Path, env: dict[str, str]) -> 
         }
     print(f"{'unit':<40}{'passed':>7}{'failed':>7}{'s alone':>9}{'exit':>6}")
     for unit, got in found.items():
+        seconds = "-" if got["suite_s"] is None else f"{got['suite_s']:.1f}"
         print(
-            f"{unit:<40}{got.get('passed', 0):>7}{got.get('failed', 0):>7}{got['suite_s']:>9.1f}{got['exit_status']:>6}"
+            f"{unit:<40}{got.get('passed', 0):>7}{got.get('failed', 0):>7}{seconds:>9}{got['exit_status']:>6}"
         )
     return {"alone": found}
 
@@ -286,11 +289,16 @@ def main() -> None:
     summary = pytest_summary(suite)
     workers = WORKERS.search(suite)
     conftest = _conftest(clone)
-    projected = projection(
-        unit_times(clone / JUNIT, conftest.SHARED_UNITS),
-        int(workers["workers"]) if workers else 1,
-        summary["suite_s"],
-        conftest.LONGEST_UNITS,
+    report = clone / JUNIT  # pytest writes it at the end, failures or not; a killed run leaves none
+    projected = (
+        projection(
+            unit_times(report, conftest.SHARED_UNITS),
+            int(workers["workers"]) if workers else 1,
+            summary["suite_s"],
+            conftest.LONGEST_UNITS,
+        )
+        if report.is_file()
+        else {}
     )
     run = {
         "provenance": record,
@@ -311,9 +319,10 @@ def main() -> None:
     )
     for seconds, test in summary["slowest"][:8]:
         print(f"{seconds:>8.1f} s  {test}")
-    print("projected suite s (each test as long as here; overhead " + f"{run['overhead_s']} s):")
-    print("".join(f"{f'{n} workers':>12}" for n in PROJECTED_WORKERS))
-    print("".join(f"{run['projected_s'][n]:>12.1f}" for n in PROJECTED_WORKERS))
+    if projected:
+        print(f"projected suite s (each test as long as here; overhead {run['overhead_s']} s):")
+        print("".join(f"{f'{n} workers':>12}" for n in PROJECTED_WORKERS))
+        print("".join(f"{run['projected_s'][n]:>12.1f}" for n in PROJECTED_WORKERS))
     print(f"{RESULTS} ({label})")
 
 
