@@ -207,6 +207,7 @@ def alone(clone: Path, units: Sequence[str], log: Path, env: dict[str, str]) -> 
     counts, pytest's time and the exit status; the outputs one after another in ``log``."""
     shared = _conftest(clone).SHARED_UNITS
     found = {}
+    log.write_text("")
     for unit in units:
         part = log.with_suffix(f".{unit.replace('/', '_')}.log")
         timed = time_command(clone, part, env, ["-m", "not gpu", *unit_files(unit, shared)])
