@@ -271,9 +271,7 @@ def main() -> None:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     log = args.log or clone / "test_command.log"
     cache = None if args.warm_model_cache else tempfile.mkdtemp(prefix="ragen2-model-cache-")
-    junit = f"-o junit_family=xunit1 --junitxml={clone / JUNIT}"
-    addopts = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), junit]))
-    env = {**os.environ, "PYTEST_ADDOPTS": addopts, **({"RAGEN2_CACHE": cache} if cache else {})}
+    env = {**os.environ, **({"RAGEN2_CACHE": cache} if cache else {})}
     print(f"bash scripts/test.sh in {clone} (output: {log})", flush=True)
     label = args.label or f"{record['date'][:10]} fresh clone {record['commit'][:7]}"
     model_cache = "warm" if args.warm_model_cache else "empty"
@@ -282,7 +280,10 @@ def main() -> None:
         _save(label, {**run, **alone(clone, args.alone, log, env)})
         _clean(cache, clone, args.keep)
         return
-    timed = time_command(clone, log, env)
+    # the junit report is for the projection of the whole suite; the units run alone need none
+    junit = f"-o junit_family=xunit1 --junitxml={clone / JUNIT}"
+    addopts = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), junit]))
+    timed = time_command(clone, log, {**env, "PYTEST_ADDOPTS": addopts})
     output = log.read_text(errors="replace")
     if STAGE_2 not in output:
         sys.exit(f"bench_test_command: stage 1 (lint, format, types) failed, no suite ran: {log}")
