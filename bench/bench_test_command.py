@@ -21,6 +21,14 @@ more cores a test that starts processes or a vLLM engine shares fewer cores and 
 slower cores scale everything. ``overhead_s`` (the suite's time less the replay on this run's own workers:
 start-up and collection) is added to every projection.
 
+Where the CPU time goes (``census``): a ``sitecustomize`` put on ``PYTHONPATH`` appends, as each Python process
+of the command exits, its own CPU seconds (user and system), the test that was running when it started
+(``PYTEST_CURRENT_TEST``, which children inherit) and whether it imported Lightning. Summed into the xdist
+workers (the tests run in them), the processes the tests start (by unit) and the rest (the install, stage 1,
+pytest's own process). Processes that end by ``os._exit`` or a signal write nothing, nor do those started with
+an environment of their own; the SLURM jobs, which are no children of the command, are in it (and not in
+``user_s``).
+
 ``--alone UNIT ...`` runs, instead of the whole suite, each named unit by itself in the clone (``bash
 scripts/test.sh -m "not gpu" FILE ...``, the install first): with the other workers idle, the unit's tests
 have the cores a machine with more of them would give it, so its time (``alone``) is measured, not
@@ -62,6 +70,26 @@ COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpa
 SLOWEST = re.compile(r"^(?P<seconds>[\d.]+)s (?:call|setup|teardown) +(?P<test>\S+)$", re.M)
 JUNIT = "test_command.xml"  # in the clone; xunit1 names each test's file
 PROJECTED_WORKERS = (1, 2, 4, 8, 16)
+CENSUS_ENV = "RAGEN2_TEST_CENSUS"  # the file the hook appends to
+#: the census's sitecustomize: one JSON line per Python process, written at its exit
+CENSUS_HOOK = f"""import atexit, json, os, resource, sys
+
+
+def _census():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    record = {{
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0],
+        "worker": "execnet" in sys.modules and "PYTEST_XDIST_WORKER" in os.environ,
+        "lightning": "lightning" in sys.modules,
+    }}
+    with open(os.environ["{CENSUS_ENV}"], "a") as f:
+        f.write(json.dumps(record) + "\\n")
+
+
+if os.environ.get("{CENSUS_ENV}"):
+    atexit.register(_census)
+"""
 WORKERS = re.compile(r"^created: \d+/(?P<workers>\d+) workers$", re.M)  # pytest-xdist's line
 
 
@@ -131,6 +159,39 @@ def projection(
         },
         "overhead_s": round(overhead, 2),
         "projected_s": {n: round(replay(units, n, first) + overhead, 1) for n in PROJECTED_WORKERS},
+    }
+
+
+def census(lines: Sequence[str], shared: Mapping[str, str]) -> dict[str, Any]:
+    """The census's records (JSON lines) summed: all processes, the xdist workers, the processes the tests
+    started (all, those that imported Lightning, and by unit, most CPU first) and the rest."""
+    records = [json.loads(line) for line in lines if line.strip()]
+    workers = [r for r in records if r["worker"]]
+    started = [r for r in records if r["test"] and not r["worker"]]
+    rest = [r for r in records if not r["test"] and not r["worker"]]
+    by_unit: dict[str, list[float]] = {}
+    for r in started:
+        unit = by_unit.setdefault(shared.get(r["test"], r["test"]), [0.0, 0])
+        unit[0] += r["cpu_s"]
+        unit[1] += 1
+
+    def cpu(group: list[dict[str, Any]]) -> float:
+        return round(sum(r["cpu_s"] for r in group), 1)
+
+    lightning = [r for r in started if r["lightning"]]
+    return {
+        "processes": len(records),
+        "cpu_s": cpu(records),
+        "workers": {"processes": len(workers), "cpu_s": cpu(workers)},
+        "started_by_tests": {
+            "processes": len(started),
+            "cpu_s": cpu(started),
+            "with_lightning": {"processes": len(lightning), "cpu_s": cpu(lightning)},
+            "by_unit": {
+                unit: [round(s, 1), n] for unit, (s, n) in sorted(by_unit.items(), key=lambda kv: -kv[1][0])
+            },
+        },
+        "rest": {"processes": len(rest), "cpu_s": cpu(rest)},
     }
 
 
@@ -283,7 +344,13 @@ def main() -> None:
     # the junit report is for the projection of the whole suite; the units run alone need none
     junit = f"-o junit_family=xunit1 --junitxml={clone / JUNIT}"
     addopts = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), junit]))
-    timed = time_command(clone, log, {**env, "PYTEST_ADDOPTS": addopts})
+    hook = Path(tempfile.mkdtemp(prefix="ragen2-census-"))
+    (hook / "sitecustomize.py").write_text(CENSUS_HOOK)
+    records = hook / "processes.jsonl"
+    path = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
+    timed = time_command(
+        clone, log, {**env, "PYTEST_ADDOPTS": addopts, "PYTHONPATH": path, CENSUS_ENV: str(records)}
+    )
     output = log.read_text(errors="replace")
     if STAGE_2 not in output:
         sys.exit(f"bench_test_command: stage 1 (lint, format, types) failed, no suite ran: {log}")
@@ -302,6 +369,8 @@ def main() -> None:
         if report.is_file()
         else {}
     )
+    lines = records.read_text().splitlines() if records.is_file() else []
+    shutil.rmtree(hook, ignore_errors=True)
     run = {
         "provenance": record,
         "pip_cache_warm": warm,
@@ -311,6 +380,7 @@ def main() -> None:
         "suite_s": summary["suite_s"],
         "slowest": summary["slowest"],
         **projected,
+        "census": census(lines, conftest.SHARED_UNITS),
     }
     _save(label, run)
     _clean(cache, clone, args.keep)
@@ -325,6 +395,14 @@ def main() -> None:
         print(f"projected suite s (each test as long as here; overhead {run['overhead_s']} s):")
         print("".join(f"{f'{n} workers':>12}" for n in PROJECTED_WORKERS))
         print("".join(f"{run['projected_s'][n]:>12.1f}" for n in PROJECTED_WORKERS))
+    counted = run["census"]
+    tests = counted["started_by_tests"]
+    print(
+        f"CPU s by process: {counted['cpu_s']:.0f} in {counted['processes']} Python processes; the workers "
+        f"{counted['workers']['cpu_s']:.0f}, {tests['processes']} started by tests {tests['cpu_s']:.0f} (with "
+        f"Lightning: {tests['with_lightning']['processes']}, {tests['with_lightning']['cpu_s']:.0f}), the rest "
+        f"{counted['rest']['cpu_s']:.0f}"
+    )
     print(f"{RESULTS} ({label})")
 
 

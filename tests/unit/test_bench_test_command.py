@@ -1,10 +1,13 @@
 """bench/bench_test_command.py reads pytest's own summary: the counts and seconds of the suite's line, the
 slowest tests (the output below is the shape pytest-xdist prints, cut); it sums a junit report by xdist's work
-units and replays the scheduler on other numbers of workers (times derived by hand below)."""
+units and replays the scheduler on other numbers of workers (times derived by hand below); its census hook
+records real Python processes, and the census sums them."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,9 +16,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from bench_test_command import (
+    CENSUS_ENV,
+    CENSUS_HOOK,
     STAGE_2,
     WORKERS,
     DiskPeak,
+    census,
     projection,
     pytest_summary,
     replay,
@@ -153,3 +159,59 @@ def test_a_units_files() -> None:
     assert unit_files("tests/integration/test_main_job.py", shared) == ["tests/integration/test_main_job.py"]
     with pytest.raises(SystemExit, match="'rank' is neither a test file nor a unit .* \\(ranks, vllm\\)"):
         unit_files("rank", shared)
+
+
+def _python(hook: Path, code: str, **env: str) -> None:
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", CENSUS_ENV)}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, "PYTHONPATH": str(hook), **env},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_census_hook_writes_a_line_per_python_process_at_its_exit(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(CENSUS_HOOK)
+    records = tmp_path / "processes.jsonl"
+    test = "tests/unit/test_x.py::test_y (call)"
+    _python(tmp_path, "sum(range(10**6))", **{CENSUS_ENV: str(records), "PYTEST_CURRENT_TEST": test})
+    # a module of that name is what the hook looks for (the real import costs ~10 s)
+    lightning = "import sys, types; sys.modules['lightning'] = types.ModuleType('lightning')"
+    _python(tmp_path, lightning, **{CENSUS_ENV: str(records)})
+    _python(tmp_path, "import os; os._exit(0)", **{CENSUS_ENV: str(records)})  # no exit handlers: no line
+    _python(tmp_path, "pass")  # without the variable the hook does nothing
+    first, second = (json.loads(line) for line in records.read_text().splitlines())
+    assert first["test"] == "tests/unit/test_x.py" and first["cpu_s"] > 0
+    assert not first["lightning"] and not first["worker"]
+    assert second["test"] == "" and second["lightning"] and not second["worker"]
+
+
+def test_the_census_sums_workers_started_processes_by_unit_and_the_rest() -> None:
+    def line(cpu_s: float, test: str = "", worker: bool = False, lightning: bool = False) -> str:
+        return json.dumps({"cpu_s": cpu_s, "test": test, "worker": worker, "lightning": lightning})
+
+    lines = [
+        line(600.0, worker=True),
+        line(500.5, worker=True),
+        line(15.0, "tests/ranks_one.py", lightning=True),
+        line(12.5, "tests/ranks_two.py", lightning=True),
+        line(0.5, "tests/a.py"),
+        line(3.0),  # pytest's own process
+        line(1.25),  # pip
+        "",
+    ]
+    got = census(lines, {"tests/ranks_one.py": "ranks", "tests/ranks_two.py": "ranks"})
+    assert got == {
+        "processes": 7,
+        "cpu_s": 1132.8,  # 1132.75, rounded half to even
+        "workers": {"processes": 2, "cpu_s": 1100.5},
+        "started_by_tests": {
+            "processes": 3,
+            "cpu_s": 28.0,
+            "with_lightning": {"processes": 2, "cpu_s": 27.5},
+            "by_unit": {"ranks": [27.5, 2], "tests/a.py": [0.5, 1]},
+        },
+        "rest": {"processes": 2, "cpu_s": 4.2},  # 4.25, to even
+    }
