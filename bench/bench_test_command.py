@@ -22,12 +22,12 @@ slower cores scale everything. ``overhead_s`` (the suite's time less the replay 
 start-up and collection) is added to every projection.
 
 Where the CPU time goes (``census``): a ``sitecustomize`` put on ``PYTHONPATH`` appends, as each Python process
-of the command exits, its own CPU seconds (user and system), the test that was running when it started
-(``PYTEST_CURRENT_TEST``, which children inherit) and whether it imported Lightning. Summed into the xdist
-workers (the tests run in them), the processes the tests start (by unit) and the rest (the install, stage 1,
-pytest's own process). Processes that end by ``os._exit`` or a signal write nothing, nor do those started with
-an environment of their own; the SLURM jobs, which are no children of the command, are in it (and not in
-``user_s``).
+of the command exits, its own CPU seconds (user and system), its peak resident memory, the test that was
+running when it started (``PYTEST_CURRENT_TEST``, which children inherit) and whether it imported Lightning.
+Summed into the xdist workers (the tests run in them), the processes the tests start (by unit) and the rest
+(the install, stage 1, pytest's own process). Processes that end by ``os._exit`` or a signal write nothing, nor
+do those started with an environment of their own; the SLURM jobs, which are no children of the command, are
+in it (and not in ``user_s``).
 
 ``--alone UNIT ...`` runs, instead of the whole suite, each named unit by itself in the clone (``bash
 scripts/test.sh -m "not gpu" FILE ...``, the install first): with the other workers idle, the unit's tests
@@ -79,6 +79,7 @@ def _census():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     record = {{
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+        "peak_gib": round(usage.ru_maxrss / 2**20, 3),  # its largest resident size (Linux: KiB)
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0],
         "worker": "execnet" in sys.modules and "PYTEST_XDIST_WORKER" in os.environ,
         "lightning": "lightning" in sys.modules,
@@ -164,34 +165,33 @@ def projection(
 
 def census(lines: Sequence[str], shared: Mapping[str, str]) -> dict[str, Any]:
     """The census's records (JSON lines) summed: all processes, the xdist workers, the processes the tests
-    started (all, those that imported Lightning, and by unit, most CPU first) and the rest."""
+    started (all, those that imported Lightning, and by unit, most CPU first) and the rest; each group's CPU
+    seconds and the largest peak resident size (GiB) of one of its processes."""
     records = [json.loads(line) for line in lines if line.strip()]
     workers = [r for r in records if r["worker"]]
     started = [r for r in records if r["test"] and not r["worker"]]
     rest = [r for r in records if not r["test"] and not r["worker"]]
-    by_unit: dict[str, list[float]] = {}
+    by_unit: dict[str, list[dict[str, Any]]] = {}
     for r in started:
-        unit = by_unit.setdefault(shared.get(r["test"], r["test"]), [0.0, 0])
-        unit[0] += r["cpu_s"]
-        unit[1] += 1
+        by_unit.setdefault(shared.get(r["test"], r["test"]), []).append(r)
 
-    def cpu(group: list[dict[str, Any]]) -> float:
-        return round(sum(r["cpu_s"] for r in group), 1)
+    def summed(group: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "processes": len(group),
+            "cpu_s": round(sum(r["cpu_s"] for r in group), 1),
+            "peak_gib": max((r["peak_gib"] for r in group), default=0.0),
+        }
 
-    lightning = [r for r in started if r["lightning"]]
+    units = {unit: summed(group) for unit, group in by_unit.items()}
     return {
-        "processes": len(records),
-        "cpu_s": cpu(records),
-        "workers": {"processes": len(workers), "cpu_s": cpu(workers)},
+        **summed(records),
+        "workers": summed(workers),
         "started_by_tests": {
-            "processes": len(started),
-            "cpu_s": cpu(started),
-            "with_lightning": {"processes": len(lightning), "cpu_s": cpu(lightning)},
-            "by_unit": {
-                unit: [round(s, 1), n] for unit, (s, n) in sorted(by_unit.items(), key=lambda kv: -kv[1][0])
-            },
+            **summed(started),
+            "with_lightning": summed([r for r in started if r["lightning"]]),
+            "by_unit": dict(sorted(units.items(), key=lambda kv: -kv[1]["cpu_s"])),
         },
-        "rest": {"processes": len(rest), "cpu_s": cpu(rest)},
+        "rest": summed(rest),
     }
 
 
@@ -397,12 +397,15 @@ def main() -> None:
         print("".join(f"{run['projected_s'][n]:>12.1f}" for n in PROJECTED_WORKERS))
     counted = run["census"]
     tests = counted["started_by_tests"]
-    print(
-        f"CPU s by process: {counted['cpu_s']:.0f} in {counted['processes']} Python processes; the workers "
-        f"{counted['workers']['cpu_s']:.0f}, {tests['processes']} started by tests {tests['cpu_s']:.0f} (with "
-        f"Lightning: {tests['with_lightning']['processes']}, {tests['with_lightning']['cpu_s']:.0f}), the rest "
-        f"{counted['rest']['cpu_s']:.0f}"
-    )
+    print(f"{'Python processes':<34}{'processes':>10}{'CPU s':>9}{'peak GiB':>10}")
+    for name, group in (
+        ("all", counted),
+        ("the xdist workers", counted["workers"]),
+        ("started by tests", tests),
+        ("  of them with Lightning", tests["with_lightning"]),
+        ("the rest (install, stage 1, pytest)", counted["rest"]),
+    ):
+        print(f"{name:<34}{group['processes']:>10}{group['cpu_s']:>9.0f}{group['peak_gib']:>10.2f}")
     print(f"{RESULTS} ({label})")
 
 

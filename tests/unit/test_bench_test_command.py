@@ -183,35 +183,41 @@ def test_the_census_hook_writes_a_line_per_python_process_at_its_exit(tmp_path: 
     _python(tmp_path, "import os; os._exit(0)", **{CENSUS_ENV: str(records)})  # no exit handlers: no line
     _python(tmp_path, "pass")  # without the variable the hook does nothing
     first, second = (json.loads(line) for line in records.read_text().splitlines())
-    assert first["test"] == "tests/unit/test_x.py" and first["cpu_s"] > 0
+    assert first["test"] == "tests/unit/test_x.py" and first["cpu_s"] > 0 and 0.001 < first["peak_gib"] < 1
     assert not first["lightning"] and not first["worker"]
     assert second["test"] == "" and second["lightning"] and not second["worker"]
 
 
 def test_the_census_sums_workers_started_processes_by_unit_and_the_rest() -> None:
-    def line(cpu_s: float, test: str = "", worker: bool = False, lightning: bool = False) -> str:
-        return json.dumps({"cpu_s": cpu_s, "test": test, "worker": worker, "lightning": lightning})
+    def line(cpu_s: float, peak: float, test: str = "", worker: bool = False, lightning: bool = False) -> str:
+        record = {"cpu_s": cpu_s, "peak_gib": peak, "test": test, "worker": worker, "lightning": lightning}
+        return json.dumps(record)
 
     lines = [
-        line(600.0, worker=True),
-        line(500.5, worker=True),
-        line(15.0, "tests/ranks_one.py", lightning=True),
-        line(12.5, "tests/ranks_two.py", lightning=True),
-        line(0.5, "tests/a.py"),
-        line(3.0),  # pytest's own process
-        line(1.25),  # pip
+        line(600.0, 5.5, worker=True),
+        line(500.5, 3.0, worker=True),
+        line(15.0, 1.5, "tests/ranks_one.py", lightning=True),
+        line(12.5, 1.75, "tests/ranks_two.py", lightning=True),
+        line(0.5, 0.1, "tests/a.py"),
+        line(3.0, 0.25),  # pytest's own process
+        line(1.25, 0.5),  # pip
         "",
     ]
     got = census(lines, {"tests/ranks_one.py": "ranks", "tests/ranks_two.py": "ranks"})
     assert got == {
         "processes": 7,
         "cpu_s": 1132.8,  # 1132.75, rounded half to even
-        "workers": {"processes": 2, "cpu_s": 1100.5},
+        "peak_gib": 5.5,
+        "workers": {"processes": 2, "cpu_s": 1100.5, "peak_gib": 5.5},
         "started_by_tests": {
             "processes": 3,
             "cpu_s": 28.0,
-            "with_lightning": {"processes": 2, "cpu_s": 27.5},
-            "by_unit": {"ranks": [27.5, 2], "tests/a.py": [0.5, 1]},
+            "peak_gib": 1.75,
+            "with_lightning": {"processes": 2, "cpu_s": 27.5, "peak_gib": 1.75},
+            "by_unit": {
+                "ranks": {"processes": 2, "cpu_s": 27.5, "peak_gib": 1.75},
+                "tests/a.py": {"processes": 1, "cpu_s": 0.5, "peak_gib": 0.1},
+            },
         },
-        "rest": {"processes": 2, "cpu_s": 4.2},  # 4.25, to even
+        "rest": {"processes": 2, "cpu_s": 4.2, "peak_gib": 0.5},  # 4.25, to even
     }
