@@ -10,7 +10,8 @@ built-in and tiny models are built again: ``RAGEN2_CACHE`` is an empty temporary
 uses the usual one, which skips those builds). Time it on an otherwise idle machine: the load average at the
 start is in the record. So is the most disk the command took at once (``disk_peak_gb``: the filesystem's used
 space, read every 2 s, above what it was at the start; venv and test folders together, and anything else
-writing to that disk in the meantime).
+writing to that disk in the meantime), and the most memory (``memory_peak_gib``: the processes' own memory on
+the machine, AnonPages + Shmem, read every 2 s, above the start; anything else running counts too).
 
 Each test's seconds (setup, call and teardown) come from a junit report (``PYTEST_ADDOPTS`` adds it; the
 command is otherwise as written). Summed by the unit pytest-xdist runs on one worker (a file, or one of
@@ -51,7 +52,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
 from typing import Any
@@ -212,17 +213,25 @@ def _pip_cache_warm() -> bool:
     return folder is not None and folder.is_dir() and any(folder.iterdir())
 
 
-class DiskPeak(threading.Thread):
-    """The most of ``folder``'s filesystem in use while running, above its use at the start, in bytes."""
+def memory_used() -> int:
+    """The processes' own memory on the machine, in bytes: AnonPages + Shmem (/proc/meminfo), their heaps and
+    stacks and the shared memory they made. Not MemTotal less MemAvailable: on these virtual machines that
+    moved by 0 to 75 % of a block a process wrote, where AnonPages moved by all of it."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(fields["AnonPages"].split()[0]) + int(fields["Shmem"].split()[0])) * 1024
 
-    def __init__(self, folder: Path, every_s: float = 2.0) -> None:
+
+class Peak(threading.Thread):
+    """The most of ``used()`` (bytes) seen while running, read every ``every_s``, above its value at the start."""
+
+    def __init__(self, used: Callable[[], int], every_s: float = 2.0) -> None:
         super().__init__(daemon=True)
-        self.folder, self.every_s, self.done = folder, every_s, threading.Event()
-        self.start_used = self.peak_used = shutil.disk_usage(folder).used
+        self.used, self.every_s, self.done = used, every_s, threading.Event()
+        self.start_used = self.peak_used = used()
 
     def run(self) -> None:
         while not self.done.wait(self.every_s):
-            self.peak_used = max(self.peak_used, shutil.disk_usage(self.folder).used)
+            self.peak_used = max(self.peak_used, self.used())
 
     def stop(self) -> int:
         self.done.set()
@@ -232,10 +241,12 @@ class DiskPeak(threading.Thread):
 
 def time_command(clone: Path, log: Path, env: dict[str, str], args: Sequence[str] = ()) -> dict[str, Any]:
     """``bash scripts/test.sh [args]`` in ``clone``, its output in ``log``: wall and CPU seconds, exit status,
-    the disk's peak use above the start."""
+    the disk's and the memory's peak use above the start."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    disk = DiskPeak(clone)
+    disk = Peak(lambda: shutil.disk_usage(clone).used)
+    memory = Peak(memory_used)
     disk.start()
+    memory.start()
     start = time.monotonic()
     with log.open("w") as out:
         status = subprocess.run(
@@ -247,6 +258,7 @@ def time_command(clone: Path, log: Path, env: dict[str, str], args: Sequence[str
         "exit_status": status.returncode,
         "with_install_s": round(wall, 3),
         "disk_peak_gb": round(disk.stop() / 1e9, 2),
+        "memory_peak_gib": round(memory.stop() / 2**30, 2),
         "user_s": round(after.ru_utime - before.ru_utime, 3),
         "sys_s": round(after.ru_stime - before.ru_stime, 3),
     }

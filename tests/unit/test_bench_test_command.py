@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,8 +21,9 @@ from bench_test_command import (
     CENSUS_HOOK,
     STAGE_2,
     WORKERS,
-    DiskPeak,
+    Peak,
     census,
+    memory_used,
     projection,
     pytest_summary,
     replay,
@@ -75,7 +77,7 @@ def test_output_without_a_summary_is_refused() -> None:
 def test_the_disk_peak_sees_a_file_that_came_and_went(tmp_path: Path) -> None:
     """64 MB written, held across several reads, then removed: the peak keeps it (the disk is shared, so other
     writers can only add to what is seen, by a little in this short a window)."""
-    disk = DiskPeak(tmp_path, every_s=0.05)
+    disk = Peak(lambda: shutil.disk_usage(tmp_path).used, every_s=0.05)
     disk.start()
     big = tmp_path / "big"
     with big.open("wb") as f:
@@ -86,6 +88,18 @@ def test_the_disk_peak_sees_a_file_that_came_and_went(tmp_path: Path) -> None:
     big.unlink()
     time.sleep(0.2)
     assert 60 * 2**20 <= disk.stop() < 1 * 2**30
+
+
+def test_the_memory_peak_sees_memory_that_came_and_went() -> None:
+    """512 MiB written, held across several reads, then freed: the peak keeps it (other processes on the
+    machine can move the reading either way a little in this short a window)."""
+    memory = Peak(memory_used, every_s=0.05)
+    memory.start()
+    block = os.urandom(512 * 2**20)
+    time.sleep(0.5)
+    del block
+    time.sleep(0.2)
+    assert 448 * 2**20 <= memory.stop() < 4 * 2**30
 
 
 def test_the_workers_line() -> None:
