@@ -76,11 +76,22 @@ CENSUS_ENV = "RAGEN2_TEST_CENSUS"  # the file the hook appends to
 CENSUS_HOOK = f"""import atexit, json, os, resource, sys
 
 
+def _peak_gib():
+    # VmHWM, the largest resident size of this program: not ru_maxrss, which a process keeps from its parent
+    # across exec (a child of a worker at 8 GiB said 8 GiB)
+    try:
+        with open("/proc/self/status") as f:
+            hwm = next(line for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return round(int(hwm.split()[1]) / 2**20, 3)
+
+
 def _census():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     record = {{
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
-        "peak_gib": round(usage.ru_maxrss / 2**20, 3),  # its largest resident size (Linux: KiB)
+        "peak_gib": _peak_gib(),
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0],
         "worker": "execnet" in sys.modules and "PYTEST_XDIST_WORKER" in os.environ,
         "lightning": "lightning" in sys.modules,
@@ -180,7 +191,7 @@ def census(lines: Sequence[str], shared: Mapping[str, str]) -> dict[str, Any]:
         return {
             "processes": len(group),
             "cpu_s": round(sum(r["cpu_s"] for r in group), 1),
-            "peak_gib": max((r["peak_gib"] for r in group), default=0.0),
+            "peak_gib": max((r["peak_gib"] for r in group if r["peak_gib"] is not None), default=None),
         }
 
     units = {unit: summed(group) for unit, group in by_unit.items()}
@@ -417,7 +428,8 @@ def main() -> None:
         ("  of them with Lightning", tests["with_lightning"]),
         ("the rest (install, stage 1, pytest)", counted["rest"]),
     ):
-        print(f"{name:<34}{group['processes']:>10}{group['cpu_s']:>9.0f}{group['peak_gib']:>10.2f}")
+        peak = "-" if group["peak_gib"] is None else f"{group['peak_gib']:.2f}"
+        print(f"{name:<34}{group['processes']:>10}{group['cpu_s']:>9.0f}{peak:>10}")
     print(f"{RESULTS} ({label})")
 
 
