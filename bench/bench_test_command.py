@@ -89,11 +89,13 @@ def _peak_gib():
 
 def _census():
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
     record = {{
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
         "peak_gib": _peak_gib(),
-        "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0],
-        "worker": "execnet" in sys.modules and "PYTEST_XDIST_WORKER" in os.environ,
+        "test": test,
+        # an xdist worker between tests; a copy forked from one during a test counts as that test's
+        "worker": "execnet" in sys.modules and "PYTEST_XDIST_WORKER" in os.environ and not test,
         "lightning": "lightning" in sys.modules,
     }}
     with open(os.environ["{CENSUS_ENV}"], "a") as f:

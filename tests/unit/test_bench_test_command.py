@@ -199,7 +199,13 @@ def test_the_census_hook_writes_a_line_per_python_process_at_its_exit(tmp_path: 
     _python(tmp_path, lightning, **{CENSUS_ENV: str(records)})
     _python(tmp_path, "import os; os._exit(0)", **{CENSUS_ENV: str(records)})  # no exit handlers: no line
     _python(tmp_path, "pass")  # without the variable the hook does nothing
-    first, second = (json.loads(line) for line in records.read_text().splitlines())
+    # an xdist worker (execnet loaded, PYTEST_XDIST_WORKER set) between tests, and a copy of one during a test
+    execnet = "import sys, types; sys.modules['execnet'] = types.ModuleType('execnet')"
+    worker = {CENSUS_ENV: str(records), "PYTEST_XDIST_WORKER": "gw0"}
+    _python(tmp_path, execnet, **worker)
+    _python(tmp_path, execnet, **worker, PYTEST_CURRENT_TEST=test)
+    first, second, between, during = (json.loads(line) for line in records.read_text().splitlines())
+    assert between["worker"] and not during["worker"] and during["test"] == "tests/unit/test_x.py"
     assert first["test"] == "tests/unit/test_x.py" and first["cpu_s"] > 0 and 0.001 < first["peak_gib"] < 0.5
     assert not first["lightning"] and not first["worker"]
     assert second["test"] == "" and second["lightning"] and not second["worker"]
