@@ -226,11 +226,11 @@ def _pip_cache_warm() -> bool:
     return folder is not None and folder.is_dir() and any(folder.iterdir())
 
 
-def memory_used() -> int:
+def memory_used(meminfo: Path = Path("/proc/meminfo")) -> int:
     """The processes' own memory on the machine, in bytes: AnonPages + Shmem (/proc/meminfo), their heaps and
     stacks and the shared memory they made. Not MemTotal less MemAvailable: on these virtual machines that
     moved by 0 to 75 % of a block a process wrote, where AnonPages moved by all of it."""
-    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines())
     return (int(fields["AnonPages"].split()[0]) + int(fields["Shmem"].split()[0])) * 1024
 
 
