@@ -376,6 +376,9 @@ def main() -> None:
     timed = time_command(
         clone, log, {**env, "PYTEST_ADDOPTS": addopts, "PYTHONPATH": path, CENSUS_ENV: str(records)}
     )
+    # read at once: a run whose stage 1 failed leaves no census folder behind
+    lines = records.read_text().splitlines() if records.is_file() else []
+    shutil.rmtree(hook, ignore_errors=True)
     output = log.read_text(errors="replace")
     if STAGE_2 not in output:
         sys.exit(f"bench_test_command: stage 1 (lint, format, types) failed, no suite ran: {log}")
@@ -394,8 +397,6 @@ def main() -> None:
         if report.is_file()
         else {}
     )
-    lines = records.read_text().splitlines() if records.is_file() else []
-    shutil.rmtree(hook, ignore_errors=True)
     run = {
         "provenance": record,
         "pip_cache_warm": warm,
