@@ -13,6 +13,7 @@ import transformers
 from hydra.errors import HydraException
 
 from ragen2.config import compose
+from ragen2.models.loading import resolve_model_path
 from ragen2.train import run
 
 # (overrides, what the error must say: the key with its value, then the fix or the choices)
@@ -308,7 +309,9 @@ class ModelLoaded(Exception):
 
 @pytest.fixture
 def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Any model load fails loudly: the config error must come first."""
+    """Any model load fails loudly: the config error must come first. The tiny model's cache folder is built
+    beforehand: on an empty cache, building it loads the built-in model, which is no load of the run's."""
+    resolve_model_path("tiny")
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise ModelLoaded("a model loaded before the config error")
