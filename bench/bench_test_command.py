@@ -26,9 +26,12 @@ Where the CPU time goes (``census``): a ``sitecustomize`` put on ``PYTHONPATH`` 
 of the command exits, its own CPU seconds (user and system), its peak resident memory, the test that was
 running when it started (``PYTEST_CURRENT_TEST``, which children inherit) and whether it imported Lightning.
 Summed into the xdist workers (the tests run in them), the processes the tests start (by unit) and the rest
-(the install, stage 1, pytest's own process). Processes that end by ``os._exit`` or a signal write nothing, nor
-do those started with an environment of their own; the SLURM jobs, which are no children of the command, are
-in it (and not in ``user_s``).
+(the install, stage 1, pytest's own process). Each record names its process and parent (pid, ppid, the first
+arguments). Processes that end by ``os._exit`` or a signal write nothing, nor do those started with an
+environment of their own; the SLURM jobs, which are no children of the command, are in it (and not in
+``user_s``). Where a worker's memory goes (``worker_peaks``): a pytest plugin (``PYTEST_PLUGINS``) reads the
+peak resident size of the process that ran each test, after it: each worker's peak and the tests at which it
+rose by 0.25 GiB or more.
 
 ``--alone UNIT ...`` runs, instead of the whole suite, each named unit by itself in the clone (``bash
 scripts/test.sh -m "not gpu" FILE ...``, the install first): with the other workers idle, the unit's tests
@@ -91,6 +94,9 @@ def _census():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
     record = {{
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "argv": sys.argv[:3],
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
         "peak_gib": _peak_gib(),
         "test": test,
@@ -104,6 +110,24 @@ def _census():
 
 if os.environ.get("{CENSUS_ENV}"):
     atexit.register(_census)
+"""
+STEPS_ENV = "RAGEN2_TEST_STEPS"  # the file the steps plugin appends to
+STEPS_PLUGIN = "ragen2_census_steps"  # its module, beside the sitecustomize (PYTEST_PLUGINS names it)
+#: the steps plugin: after each test, the peak resident size of the process that ran it (an xdist worker)
+STEPS_CODE = f"""import json, os
+
+import pytest
+from sitecustomize import _peak_gib  # the census hook's, beside this file
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    peak = _peak_gib()
+    if peak is not None and os.environ.get("{STEPS_ENV}"):
+        record = {{"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", ""), "peak_gib": peak}}
+        with open(os.environ["{STEPS_ENV}"], "a") as f:
+            f.write(json.dumps(record) + "\\n")
 """
 WORKERS = re.compile(r"^created: \d+/(?P<workers>\d+) workers$", re.M)  # pytest-xdist's line
 
@@ -206,6 +230,25 @@ def census(lines: Sequence[str], shared: Mapping[str, str]) -> dict[str, Any]:
             "by_unit": dict(sorted(units.items(), key=lambda kv: -kv[1]["cpu_s"])),
         },
         "rest": summed(rest),
+    }
+
+
+def peak_steps(lines: Sequence[str], least_gib: float = 0.25) -> dict[str, Any]:
+    """The steps plugin's records (JSON lines, in each worker's order) read as each worker's peak resident
+    size (GiB) and the tests at which it rose by at least ``least_gib``: [rise, peak after, test], the
+    largest rise first. A worker keeps what its tests freed (glibc's heap, the tunables of scripts/test.sh),
+    so its peak is where its costliest tests push it, not one test's own size."""
+    seen: dict[str, float] = {}
+    rises: dict[str, list[list[Any]]] = {}
+    for record in (json.loads(line) for line in lines if line.strip()):
+        worker, peak = record["worker"], record["peak_gib"]
+        rise = peak - seen.get(worker, 0.0)
+        seen[worker] = max(peak, seen.get(worker, 0.0))
+        if rise >= least_gib:
+            rises.setdefault(worker, []).append([round(rise, 2), round(peak, 2), record["test"]])
+    return {
+        worker: {"peak_gib": round(peak, 2), "rises": sorted(rises.get(worker, []), key=lambda r: -r[0])}
+        for worker, peak in sorted(seen.items())
     }
 
 
@@ -371,13 +414,15 @@ def main() -> None:
     addopts = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), junit]))
     hook = Path(tempfile.mkdtemp(prefix="ragen2-census-"))
     (hook / "sitecustomize.py").write_text(CENSUS_HOOK)
-    records = hook / "processes.jsonl"
+    (hook / f"{STEPS_PLUGIN}.py").write_text(STEPS_CODE)
+    records, steps = hook / "processes.jsonl", hook / "steps.jsonl"
     path = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
-    timed = time_command(
-        clone, log, {**env, "PYTEST_ADDOPTS": addopts, "PYTHONPATH": path, CENSUS_ENV: str(records)}
-    )
+    plugins = ",".join(filter(None, [env.get("PYTEST_PLUGINS"), STEPS_PLUGIN]))
+    hooked = {CENSUS_ENV: str(records), STEPS_ENV: str(steps), "PYTEST_PLUGINS": plugins}
+    timed = time_command(clone, log, {**env, "PYTEST_ADDOPTS": addopts, "PYTHONPATH": path, **hooked})
     # read at once: a run whose stage 1 failed leaves no census folder behind
     lines = records.read_text().splitlines() if records.is_file() else []
+    step_lines = steps.read_text().splitlines() if steps.is_file() else []
     shutil.rmtree(hook, ignore_errors=True)
     output = log.read_text(errors="replace")
     if STAGE_2 not in output:
@@ -407,6 +452,7 @@ def main() -> None:
         "slowest": summary["slowest"],
         **projected,
         "census": census(lines, conftest.SHARED_UNITS),
+        "worker_peaks": peak_steps(step_lines),
     }
     _save(label, run)
     _clean(cache, clone, args.keep)
@@ -433,6 +479,10 @@ def main() -> None:
     ):
         peak = "-" if group["peak_gib"] is None else f"{group['peak_gib']:.2f}"
         print(f"{name:<34}{group['processes']:>10}{group['cpu_s']:>9.0f}{peak:>10}")
+    for worker, peaks in run["worker_peaks"].items():
+        print(f"worker {worker or 'main'}: peak {peaks['peak_gib']:.2f} GiB, its largest rises:")
+        for rise, after, test in peaks["rises"][:3]:
+            print(f"{rise:>8.2f} GiB to {after:.2f}  {test}")
     print(f"{RESULTS} ({label})")
 
 

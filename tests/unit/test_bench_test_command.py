@@ -1,7 +1,8 @@
 """bench/bench_test_command.py reads pytest's own summary: the counts and seconds of the suite's line, the
 slowest tests (the output below is the shape pytest-xdist prints, cut); it sums a junit report by xdist's work
 units and replays the scheduler on other numbers of workers (times derived by hand below); its census hook
-records real Python processes, and the census sums them."""
+records real Python processes, and the census sums them; its steps plugin records a real pytest run's peaks, and
+they are read as each worker's rises."""
 
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ from bench_test_command import (
     CENSUS_ENV,
     CENSUS_HOOK,
     STAGE_2,
+    STEPS_CODE,
+    STEPS_ENV,
+    STEPS_PLUGIN,
     WORKERS,
     Peak,
     census,
     memory_used,
+    peak_steps,
     projection,
     pytest_summary,
     replay,
@@ -192,7 +197,7 @@ def test_a_units_files() -> None:
 
 
 def _python(hook: Path, code: str, **env: str) -> None:
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", CENSUS_ENV)}
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", CENSUS_ENV, STEPS_ENV)}
     done = subprocess.run(
         [sys.executable, "-c", code],
         env={**base, "PYTHONPATH": str(hook), **env},
@@ -221,6 +226,7 @@ def test_the_census_hook_writes_a_line_per_python_process_at_its_exit(tmp_path: 
     _python(tmp_path, execnet, **worker)
     _python(tmp_path, execnet, **worker, PYTEST_CURRENT_TEST=test)
     first, second, between, during = (json.loads(line) for line in records.read_text().splitlines())
+    assert first["ppid"] == os.getpid() and first["pid"] != second["pid"] and first["argv"] == ["-c"]
     assert between["worker"] and not during["worker"] and during["test"] == "tests/unit/test_x.py"
     assert first["test"] == "tests/unit/test_x.py" and first["cpu_s"] > 0 and 0.001 < first["peak_gib"] < 0.5
     assert not first["lightning"] and not first["worker"]
@@ -261,4 +267,53 @@ def test_the_census_sums_workers_started_processes_by_unit_and_the_rest() -> Non
             },
         },
         "rest": {"processes": 2, "cpu_s": 4.2, "peak_gib": 0.5},  # 4.25, to even
+    }
+
+
+def test_the_steps_plugin_reads_each_tests_peak_in_the_process_that_ran_it(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(CENSUS_HOOK)
+    (tmp_path / f"{STEPS_PLUGIN}.py").write_text(STEPS_CODE)
+    # the second test holds 0.5 GiB (written, so resident) until the process ends; the third adds nothing
+    (tmp_path / "test_steps.py").write_text(
+        "held = []\n"
+        "def test_small(): pass\n"
+        "def test_big(): held.append(b'\\1' * 2**29)\n"
+        "def test_after(): pass\n"
+    )
+    steps = tmp_path / "steps.jsonl"
+    env = {STEPS_ENV: str(steps), "PYTEST_PLUGINS": STEPS_PLUGIN, "PYTEST_XDIST_WORKER": "gw3"}
+    _python(
+        tmp_path,
+        f"import pytest, sys; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {str(tmp_path)!r}]))",
+        **env,
+    )
+    small, big, after = (json.loads(line) for line in steps.read_text().splitlines())
+    assert [r["test"].rpartition("::")[2] for r in (small, big, after)] == [
+        "test_small",
+        "test_big",
+        "test_after",
+    ]
+    assert small["worker"] == "gw3" and 0.45 < big["peak_gib"] - small["peak_gib"] < 0.6
+    assert after["peak_gib"] == big["peak_gib"]
+    read = peak_steps(steps.read_text().splitlines(), least_gib=0.4)["gw3"]
+    assert read["peak_gib"] == round(big["peak_gib"], 2)
+    assert [r[2].rpartition("::")[2] for r in read["rises"]] == ["test_big"]
+
+
+def test_each_workers_peak_and_the_tests_that_raised_it() -> None:
+    def line(worker: str, peak: float, test: str) -> str:
+        return json.dumps({"test": test, "worker": worker, "peak_gib": peak})
+
+    lines = [
+        line("gw0", 1.5, "a"),  # the first test's rise counts from nothing: imports and all
+        line("gw1", 0.5, "b"),
+        line("gw0", 1.625, "c"),  # 0.125: under the threshold
+        line("gw0", 4.0, "d"),  # 2.375
+        line("gw1", 0.75, "e"),  # 0.25: just at it
+        line("gw0", 4.0, "f"),
+        "",
+    ]
+    assert peak_steps(lines) == {
+        "gw0": {"peak_gib": 4.0, "rises": [[2.38, 4.0, "d"], [1.5, 1.5, "a"]]},  # 2.375 rounds to even
+        "gw1": {"peak_gib": 0.75, "rises": [[0.5, 0.5, "b"], [0.25, 0.75, "e"]]},
     }
