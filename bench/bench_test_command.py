@@ -201,10 +201,13 @@ def projection(
     }
 
 
+MEMBER = ("pid", "ppid", "argv", "cpu_s", "peak_gib")  # what the census keeps of each worker's record
+
+
 def census(lines: Sequence[str], shared: Mapping[str, str]) -> dict[str, Any]:
-    """The census's records (JSON lines) summed: all processes, the xdist workers, the processes the tests
-    started (all, those that imported Lightning, and by unit, most CPU first) and the rest; each group's CPU
-    seconds and the largest peak resident size (GiB) of one of its processes."""
+    """The census's records (JSON lines) summed: all processes, the xdist workers (each one's record too), the
+    processes the tests started (all, those that imported Lightning, and by unit, most CPU first) and the
+    rest; each group's CPU seconds and the largest peak resident size (GiB) of one of its processes."""
     records = [json.loads(line) for line in lines if line.strip()]
     workers = [r for r in records if r["worker"]]
     started = [r for r in records if r["test"] and not r["worker"]]
@@ -223,7 +226,8 @@ def census(lines: Sequence[str], shared: Mapping[str, str]) -> dict[str, Any]:
     units = {unit: summed(group) for unit, group in by_unit.items()}
     return {
         **summed(records),
-        "workers": summed(workers),
+        # each by name: xdist starts one per -n, and a process of a worker's kind beside them is worth finding
+        "workers": {**summed(workers), "members": [{k: r.get(k) for k in MEMBER} for r in workers]},
         "started_by_tests": {
             **summed(started),
             "with_lightning": summed([r for r in started if r["lightning"]]),

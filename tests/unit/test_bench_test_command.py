@@ -238,7 +238,7 @@ def test_the_census_sums_workers_started_processes_by_unit_and_the_rest() -> Non
         cpu_s: float, peak: float | None, test: str = "", worker: bool = False, lightning: bool = False
     ) -> str:
         record = {"cpu_s": cpu_s, "peak_gib": peak, "test": test, "worker": worker, "lightning": lightning}
-        return json.dumps(record)
+        return json.dumps({"pid": int(cpu_s), "ppid": 1, "argv": ["-c"], **record})
 
     lines = [
         line(600.0, 5.5, worker=True),
@@ -255,7 +255,15 @@ def test_the_census_sums_workers_started_processes_by_unit_and_the_rest() -> Non
         "processes": 7,
         "cpu_s": 1132.8,  # 1132.75, rounded half to even
         "peak_gib": 5.5,
-        "workers": {"processes": 2, "cpu_s": 1100.5, "peak_gib": 5.5},
+        "workers": {
+            "processes": 2,
+            "cpu_s": 1100.5,
+            "peak_gib": 5.5,
+            "members": [
+                {"pid": 600, "ppid": 1, "argv": ["-c"], "cpu_s": 600.0, "peak_gib": 5.5},
+                {"pid": 500, "ppid": 1, "argv": ["-c"], "cpu_s": 500.5, "peak_gib": 3.0},
+            ],
+        },
         "started_by_tests": {
             "processes": 3,
             "cpu_s": 28.0,
