@@ -90,9 +90,14 @@ def _peak_gib():
     return round(int(hwm.split()[1]) / 2**20, 3)
 
 
+# the test running when this program started: a pytest that a test runs unsets it by its exit; a process
+# forked during a test (no start of its own) has it at its exit
+_STARTED_IN = os.environ.get("PYTEST_CURRENT_TEST", "")
+
+
 def _census():
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
+    test = (_STARTED_IN or os.environ.get("PYTEST_CURRENT_TEST", "")).split("::")[0]
     record = {{
         "pid": os.getpid(),
         "ppid": os.getppid(),

@@ -225,7 +225,13 @@ def test_the_census_hook_writes_a_line_per_python_process_at_its_exit(tmp_path: 
     worker = {CENSUS_ENV: str(records), "PYTEST_XDIST_WORKER": "gw0"}
     _python(tmp_path, execnet, **worker)
     _python(tmp_path, execnet, **worker, PYTEST_CURRENT_TEST=test)
-    first, second, between, during = (json.loads(line) for line in records.read_text().splitlines())
+    # a pytest that a test runs in a worker: xdist's plugin loads execnet, and its own tests unset the variable
+    inner = f"{execnet}; import os; del os.environ['PYTEST_CURRENT_TEST']"
+    _python(tmp_path, inner, **worker, PYTEST_CURRENT_TEST=test)
+    first, second, between, during, pytest_in_a_test = (
+        json.loads(line) for line in records.read_text().splitlines()
+    )
+    assert not pytest_in_a_test["worker"] and pytest_in_a_test["test"] == "tests/unit/test_x.py"
     assert first["ppid"] == os.getpid() and first["pid"] != second["pid"] and first["argv"] == ["-c"]
     assert between["worker"] and not during["worker"] and during["test"] == "tests/unit/test_x.py"
     assert first["test"] == "tests/unit/test_x.py" and first["cpu_s"] > 0 and 0.001 < first["peak_gib"] < 0.5
