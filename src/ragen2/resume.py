@@ -35,9 +35,11 @@ installed and a job is never requeued twice. A SIGTERM (``scancel``, a preemptio
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -192,14 +194,36 @@ def requeue_plugins() -> list[Any]:
 
 
 class _SaveFirst:
-    """A signal handler that runs ``save``, then the handler it was put in front of."""
+    """A signal handler that runs ``save``, then the handler it was put in front of; when that one ends the
+    process (``SystemExit``, as submitit's does after the requeue), the process ends, wherever the signal
+    landed."""
 
     def __init__(self, save: Callable[[], None], then: Callable[[int, FrameType | None], Any]) -> None:
         self.save, self.then = save, then
 
     def __call__(self, sig: int, frame: FrameType | None) -> None:
         self.save()
-        self.then(sig, frame)
+        try:
+            self.then(sig, frame)
+        except SystemExit as done:
+            if not _in_finalizer(frame):
+                raise
+            # Python prints and drops an exception raised in a finalizer, SystemExit too: the requeued job
+            # would go on beside the job that replaces it, in the same run folder, logging to a finished
+            # wandb run. Its loggers are saved and it is requeued: end it here.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(done.code if isinstance(done.code, int) else 1)
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether the interrupted code runs inside a ``__del__``, where an exception does not propagate."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _save_loggers_before_requeue() -> None:

@@ -291,3 +291,43 @@ def test_loggers_are_saved_before_submitit_requeues(tmp_path: Path, monkeypatch:
         assert calls == [True]  # the row was on disk when the requeueing handler ran
     finally:
         signal.signal(signal.SIGUSR2, original)
+
+
+# submitit's requeue handler, in front of which ragen2 saves the loggers, ends the job with SystemExit; the
+# signal lands inside a finalizer (here a __del__ that signals its own process), where Python drops exceptions
+REQUEUE_IN_A_FINALIZER = """
+import signal, sys, time
+from ragen2.resume import _SaveFirst
+
+def requeue(sig, frame):
+    print("requeued", flush=True)
+    sys.exit(-1)
+
+signal.signal(signal.SIGUSR2, _SaveFirst(lambda: print("saved", flush=True), requeue))
+
+class Closer:
+    def __del__(self):
+        signal.raise_signal(signal.SIGUSR2)
+
+Closer()
+print("went on after the requeue", flush=True)
+"""
+
+
+def test_a_requeue_signal_inside_a_finalizer_still_ends_the_job() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", REQUEUE_IN_A_FINALIZER], capture_output=True, text=True)
+    assert done.stdout.splitlines() == ["saved", "requeued"], done.stderr
+    assert done.returncode == 255  # submitit's sys.exit(-1)
+
+
+def test_a_requeue_signal_elsewhere_raises_the_handlers_exit() -> None:
+    import subprocess
+    import sys
+
+    code = REQUEUE_IN_A_FINALIZER.replace("Closer()", "signal.raise_signal(signal.SIGUSR2)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.splitlines() == ["saved", "requeued"] and done.returncode == 255, done.stderr
+    assert "Traceback" not in done.stderr  # a plain SystemExit, as submitit raises it
