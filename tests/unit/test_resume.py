@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -296,7 +298,7 @@ def test_loggers_are_saved_before_submitit_requeues(tmp_path: Path, monkeypatch:
 # submitit's requeue handler, in front of which ragen2 saves the loggers, ends the job with SystemExit; the
 # signal lands inside a finalizer (here a __del__ that signals its own process), where Python drops exceptions
 REQUEUE_IN_A_FINALIZER = """
-import signal, sys, time
+import signal, sys
 from ragen2.resume import _SaveFirst
 
 def requeue(sig, frame):
@@ -314,20 +316,17 @@ print("went on after the requeue", flush=True)
 """
 
 
-def test_a_requeue_signal_inside_a_finalizer_still_ends_the_job() -> None:
-    import subprocess
-    import sys
+def _job(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
-    done = subprocess.run([sys.executable, "-c", REQUEUE_IN_A_FINALIZER], capture_output=True, text=True)
+
+def test_a_requeue_signal_inside_a_finalizer_still_ends_the_job() -> None:
+    done = _job(REQUEUE_IN_A_FINALIZER)
     assert done.stdout.splitlines() == ["saved", "requeued"], done.stderr
     assert done.returncode == 255  # submitit's sys.exit(-1)
 
 
 def test_a_requeue_signal_elsewhere_raises_the_handlers_exit() -> None:
-    import subprocess
-    import sys
-
-    code = REQUEUE_IN_A_FINALIZER.replace("Closer()", "signal.raise_signal(signal.SIGUSR2)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = _job(REQUEUE_IN_A_FINALIZER.replace("Closer()", "signal.raise_signal(signal.SIGUSR2)"))
     assert done.stdout.splitlines() == ["saved", "requeued"] and done.returncode == 255, done.stderr
     assert "Traceback" not in done.stderr  # a plain SystemExit, as submitit raises it
