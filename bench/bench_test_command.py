@@ -33,6 +33,11 @@ environment of their own; the SLURM jobs, which are no children of the command, 
 peak resident size of the process that ran each test, after it: each worker's peak and the tests at which it
 rose by 0.25 GiB or more.
 
+The machine's state (``machine_probe``, before and after the command): these machines' speed moves by 2× within
+hours, and not for every kind of work alike, so each run records, from fresh processes, the CPU seconds of a
+fixed set of small matrix products (arithmetic), the seconds per GiB to fault fresh memory in, and the wall
+and CPU seconds of ``import lightning.pytorch`` (what each test process that trains pays first).
+
 ``--alone UNIT ...`` runs, instead of the whole suite, each named unit by itself in the clone (``bash
 scripts/test.sh -m "not gpu" FILE ...``, the install first): with the other workers idle, the unit's tests
 have the cores a machine with more of them would give it, so its time (``alone``) is measured, not
@@ -270,6 +275,52 @@ def _conftest(clone: Path) -> Any:
     return module
 
 
+#: the machine probe, run in a fresh process: three timings that tell what state the machine is in
+PROBE_CODE = """import json, mmap, resource, subprocess, sys, time
+import torch
+
+size, module = int(sys.argv[1]), sys.argv[2]
+torch.set_num_threads(1)
+a = torch.randn(512, 512)
+start = time.process_time()
+for _ in range(200):
+    a @ a
+compute = time.process_time() - start
+block = mmap.mmap(-1, size)
+passes = []
+for _ in range(2):  # the first pass faults every page in, the second only walks them
+    start = time.perf_counter()
+    for i in range(0, size, 4096):
+        block[i] = 1
+    passes.append(time.perf_counter() - start)
+before = resource.getrusage(resource.RUSAGE_CHILDREN)
+start = time.perf_counter()
+subprocess.run([sys.executable, "-c", "import " + module], check=True)
+wall = time.perf_counter() - start
+after = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({
+    "matmul_cpu_s": round(compute, 3),
+    "first_touch_s_per_gib": round((passes[0] - passes[1]) * 2**30 / size, 3),
+    "import_s": round(wall, 3),
+    "import_cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 3),
+}))
+"""
+
+
+def machine_probe(size: int = 2**30, module: str = "lightning.pytorch") -> dict[str, float]:
+    """What state the machine is in, beside a run's times (these machines' speed moves within an hour), in a
+    fresh process of this interpreter: the CPU seconds of 200 products of 512×512 float32 matrices on one
+    thread (arithmetic on data that fits in the cache); the seconds per GiB to fault fresh memory in (on a
+    virtual machine the host's faults too); and a fresh ``python -c "import MODULE"``, wall and CPU seconds,
+    which every test process that trains pays (Lightning brings torch, torchmetrics and transformers)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_CODE, str(size), module], capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the machine probe failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
 def _pip_cache_warm() -> bool:
     found = subprocess.run(
         [sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True, timeout=60
@@ -428,7 +479,9 @@ def main() -> None:
     path = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
     plugins = ",".join(filter(None, [env.get("PYTEST_PLUGINS"), STEPS_PLUGIN]))
     hooked = {CENSUS_ENV: str(records), STEPS_ENV: str(steps), "PYTEST_PLUGINS": plugins}
+    probe = {"before": machine_probe()}
     timed = time_command(clone, log, {**env, "PYTEST_ADDOPTS": addopts, "PYTHONPATH": path, **hooked})
+    probe["after"] = machine_probe()
     # read at once: a run whose stage 1 failed leaves no census folder behind
     lines = records.read_text().splitlines() if records.is_file() else []
     step_lines = steps.read_text().splitlines() if steps.is_file() else []
@@ -457,6 +510,7 @@ def main() -> None:
         "model_cache": model_cache,
         **summary["counts"],
         **timed,
+        "machine_probe": probe,
         "suite_s": summary["suite_s"],
         "slowest": summary["slowest"],
         **projected,
@@ -470,6 +524,12 @@ def main() -> None:
         f"{'':<4}{run.get('passed', 0):>7}{run.get('failed', 0):>7}{run.get('errors', 0):>7}"
         f"{run['suite_s']:>9.1f}{run['with_install_s']:>16.1f}{run['exit_status']:>6}"
     )
+    print(f"{'machine probe':<14}{'matmul CPU s':>13}{'fault s/GiB':>13}{'import s':>10}{'import CPU s':>14}")
+    for when, found in probe.items():
+        print(
+            f"{when:<14}{found['matmul_cpu_s']:>13.2f}{found['first_touch_s_per_gib']:>13.2f}"
+            f"{found['import_s']:>10.2f}{found['import_cpu_s']:>14.2f}"
+        )
     for seconds, test in summary["slowest"][:8]:
         print(f"{seconds:>8.1f} s  {test}")
     if projected:

@@ -2,7 +2,7 @@
 slowest tests (the output below is the shape pytest-xdist prints, cut); it sums a junit report by xdist's work
 units and replays the scheduler on other numbers of workers (times derived by hand below); its census hook
 records real Python processes, and the census sums them; its steps plugin records a real pytest run's peaks, and
-they are read as each worker's rises."""
+they are read as each worker's rises; its machine probe runs real processes."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from bench_test_command import (
     WORKERS,
     Peak,
     census,
+    machine_probe,
     memory_used,
     peak_steps,
     projection,
@@ -331,3 +332,16 @@ def test_each_workers_peak_and_the_tests_that_raised_it() -> None:
         "gw0": {"peak_gib": 4.0, "rises": [[2.38, 4.0, "d"], [1.5, 1.5, "a"]]},  # 2.375 rounds to even
         "gw1": {"peak_gib": 0.75, "rises": [[0.5, 0.5, "b"], [0.25, 0.75, "e"]]},
     }
+
+
+def test_the_machine_probe_times_arithmetic_page_faults_and_a_fresh_import() -> None:
+    found = machine_probe(size=2**26, module="json")
+    assert set(found) == {"matmul_cpu_s", "first_touch_s_per_gib", "import_s", "import_cpu_s"}
+    assert found["matmul_cpu_s"] > 0 and found["import_s"] > 0 and found["import_cpu_s"] >= 0
+
+
+def test_a_probe_that_cannot_import_says_why() -> None:
+    with pytest.raises(
+        RuntimeError, match=r"(?s)the machine probe failed.*ModuleNotFoundError.*no_such_module"
+    ):
+        machine_probe(size=2**20, module="no_such_module")
