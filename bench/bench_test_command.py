@@ -35,8 +35,9 @@ rose by 0.25 GiB or more.
 
 The machine's state (``machine_probe``, before and after the command): these machines' speed moves by 2× within
 hours, and not for every kind of work alike, so each run records, from fresh processes, the CPU seconds of a
-fixed set of small matrix products (arithmetic), the seconds per GiB to fault fresh memory in, and the wall
-and CPU seconds of ``import lightning.pytorch`` (what each test process that trains pays first).
+fixed set of small matrix products (arithmetic), one thread's copy rate over 256 MiB (memory bandwidth), the
+seconds per GiB to fault fresh memory in, and the wall and CPU seconds of ``import lightning.pytorch`` (what
+each test process that trains pays first).
 
 ``--alone UNIT ...`` runs, instead of the whole suite, each named unit by itself in the clone (``bash
 scripts/test.sh -m "not gpu" FILE ...``, the install first): with the other workers idle, the unit's tests
@@ -286,6 +287,12 @@ start = time.process_time()
 for _ in range(200):
     a @ a
 compute = time.process_time() - start
+source, target = torch.ones(2**26), torch.empty(2**26)  # 256 MiB each, far over any cache
+target.copy_(source)
+start = time.perf_counter()
+for _ in range(10):
+    target.copy_(source)
+copy = 10 * 2 * source.numel() * 4 / (time.perf_counter() - start) / 1e9  # bytes read and written
 block = mmap.mmap(-1, size)
 passes = []
 for _ in range(2):  # the first pass faults every page in, the second only walks them
@@ -300,6 +307,7 @@ wall = time.perf_counter() - start
 after = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({
     "matmul_cpu_s": round(compute, 3),
+    "copy_gb_s": round(copy, 2),
     "first_touch_s_per_gib": round((passes[0] - passes[1]) * 2**30 / size, 3),
     "import_s": round(wall, 3),
     "import_cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 3),
@@ -310,7 +318,8 @@ print(json.dumps({
 def machine_probe(size: int = 2**30, module: str = "lightning.pytorch") -> dict[str, float]:
     """What state the machine is in, beside a run's times (these machines' speed moves within an hour), in a
     fresh process of this interpreter: the CPU seconds of 200 products of 512×512 float32 matrices on one
-    thread (arithmetic on data that fits in the cache); the seconds per GiB to fault fresh memory in (on a
+    thread (arithmetic on data that fits in the cache); the GB/s of one thread copying 256 MiB (memory
+    bandwidth: the built-in model's weights stream so through every forward); the seconds per GiB to fault fresh memory in (on a
     virtual machine the host's faults too); and a fresh ``python -c "import MODULE"``, wall and CPU seconds,
     which every test process that trains pays (Lightning brings torch, torchmetrics and transformers)."""
     done = subprocess.run(
@@ -524,10 +533,14 @@ def main() -> None:
         f"{'':<4}{run.get('passed', 0):>7}{run.get('failed', 0):>7}{run.get('errors', 0):>7}"
         f"{run['suite_s']:>9.1f}{run['with_install_s']:>16.1f}{run['exit_status']:>6}"
     )
-    print(f"{'machine probe':<14}{'matmul CPU s':>13}{'fault s/GiB':>13}{'import s':>10}{'import CPU s':>14}")
+    print(
+        f"{'machine probe':<14}{'matmul CPU s':>13}{'copy GB/s':>11}{'fault s/GiB':>13}{'import s':>10}"
+        f"{'import CPU s':>14}"
+    )
     for when, found in probe.items():
         print(
-            f"{when:<14}{found['matmul_cpu_s']:>13.2f}{found['first_touch_s_per_gib']:>13.2f}"
+            f"{when:<14}{found['matmul_cpu_s']:>13.2f}{found['copy_gb_s']:>11.2f}"
+            f"{found['first_touch_s_per_gib']:>13.2f}"
             f"{found['import_s']:>10.2f}{found['import_cpu_s']:>14.2f}"
         )
     for seconds, test in summary["slowest"][:8]:
