@@ -276,7 +276,7 @@ def _conftest(clone: Path) -> Any:
     return module
 
 
-#: the machine probe, run in a fresh process: three timings that tell what state the machine is in
+#: the machine probe, run in a fresh process: timings that tell what state the machine is in
 PROBE_CODE = """import json, mmap, resource, subprocess, sys, time
 import torch
 
@@ -319,9 +319,10 @@ def machine_probe(size: int = 2**30, module: str = "lightning.pytorch") -> dict[
     """What state the machine is in, beside a run's times (these machines' speed moves within an hour), in a
     fresh process of this interpreter: the CPU seconds of 200 products of 512×512 float32 matrices on one
     thread (arithmetic on data that fits in the cache); the GB/s of one thread copying 256 MiB (memory
-    bandwidth: the built-in model's weights stream so through every forward); the seconds per GiB to fault fresh memory in (on a
-    virtual machine the host's faults too); and a fresh ``python -c "import MODULE"``, wall and CPU seconds,
-    which every test process that trains pays (Lightning brings torch, torchmetrics and transformers)."""
+    bandwidth: the built-in model's weights stream so through every forward); the seconds per GiB to fault
+    fresh memory in (on a virtual machine the host's faults too); and a fresh ``python -c "import MODULE"``,
+    wall and CPU seconds, which every test process that trains pays (Lightning brings torch, torchmetrics and
+    transformers)."""
     done = subprocess.run(
         [sys.executable, "-c", PROBE_CODE, str(size), module], capture_output=True, text=True, timeout=600
     )
