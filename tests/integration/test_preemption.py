@@ -143,11 +143,14 @@ def test_usr2_requeues_and_the_run_resumes_with_its_history(
     assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one per attempt
 
     # wandb offline: one folder per attempt (in start order), both the one run whose id the run folder
-    # gives, and between them every iteration's row once
+    # gives, and between them every iteration's row: the second attempt's from the iteration it resumed at
+    # on. When USR2 lands after an iteration was logged and before it was saved, that iteration's row stays
+    # in the first attempt's file too (wandb cannot rewind offline; docs/reliability.md)
     offline = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 2, offline
-    run_ids, logged = set(), []
+    run_ids, attempts = set(), []
     for folder in offline:
+        logged = []
         for record in _wandb_records(next(folder.glob("run-*.wandb"))):
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -157,8 +160,12 @@ def test_usr2_requeues_and_the_run_resumes_with_its_history(
                 row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
                 if "train/iteration" in row:
                     logged.append(int(float(row["train/iteration"])))
+        attempts.append(logged)
     assert run_ids == {wandb_run_id(run_dir)}
-    assert logged == list(range(ITERATIONS))
+    first, second = attempts
+    resumed_at = second[0] if second else ITERATIONS
+    assert 1 <= resumed_at < ITERATIONS and second == list(range(resumed_at, ITERATIONS)), attempts
+    assert first in (list(range(resumed_at)), list(range(resumed_at + 1))), attempts
 
 
 def _job_state(job_id: str, env: dict[str, str]) -> str:
