@@ -136,16 +136,18 @@ def entropy_ratios(run: dict[str, object]) -> list[float]:
 def zero_share_vs_mi_change(
     run: dict[str, object], keys: tuple[str, str] = (MI, H)
 ) -> list[tuple[float, float]]:
-    """(b3): (mean zero-RV share over iterations t … t′−1, MI_t′ − MI_t) for consecutive passes t, t′."""
+    """(b3): (mean zero-RV share over iterations t … t′−1, MI_t′ − MI_t) for consecutive passes t, t′.
+
+    ``rollout/groups_all_success`` and ``rollout/groups_all_fail`` are already shares of the iteration's
+    groups (``ragen2.data.metrics``), so an iteration's zero-RV share is their sum."""
     its: dict[int, dict[str, float]] = run["iterations"]  # type: ignore[assignment]
     p = passes(run, keys)
     pairs = []
     for (t, mi_t, _), (u, mi_u, _) in itertools.pairwise(p):
         shares = [
-            (m.get("rollout/groups_all_success", 0.0) + m.get("rollout/groups_all_fail", 0.0))
-            / m["rollout/groups"]
+            m.get("rollout/groups_all_success", 0.0) + m.get("rollout/groups_all_fail", 0.0)
             for i in range(t, u)
-            if (m := its.get(i)) and m.get("rollout/groups")
+            if (m := its.get(i)) and ("rollout/groups_all_success" in m or "rollout/groups_all_fail" in m)
         ]
         if shares:
             pairs.append((statistics.fmean(shares), mi_u - mi_t))

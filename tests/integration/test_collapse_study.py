@@ -212,11 +212,11 @@ def test_the_criteria_by_hand() -> None:
         mi_h: list[tuple[float, float]], zero: list[int], success: float, steps: float
     ) -> dict[int, dict[str, float]]:
         its: dict[int, dict[str, float]] = {}
-        for i, z in enumerate(zero):  # 4 groups an iteration, z of them all-fail, `steps` optimizer steps
-            its[i] = {
+        for i, z in enumerate(zero):  # 4 groups an iteration, z of them zero-RV, `steps` optimizer steps
+            its[i] = {  # as metrics.csv holds them: the all-fail and all-success groups as shares of the 4
                 "rollout/groups": 4.0,
-                "rollout/groups_all_fail": float(z),
-                "rollout/groups_all_success": 0.0,
+                "rollout/groups_all_fail": (z // 2) / 4,
+                "rollout/groups_all_success": (z - z // 2) / 4,
                 "train/optimizer_steps": steps,
                 "train/iteration": float(i),
             }
@@ -265,7 +265,12 @@ def test_the_criteria_by_hand() -> None:
     # every pass: log(1.5 / 1.0) = 0.405 < log 2, no spread: the interval is the point
     assert result["b2"]["n"] == 18 and math.isclose(result["b2"]["mean"], math.log(1.5))
     assert result["b2"]["verdict"] == "supported"
-    # none runs' (share, ΔMI): template (0.125, -0.5), (0.875, -0.7) twice; full (0, -0.1), (0.75, -1.0).
+    # none runs' (share, ΔMI), the share the mean of (all-success + all-fail) over the iterations between two
+    # passes: template zero-RV groups 0, 1 | 3, 4 of 4 -> (0 + 0.25) / 2 = 0.125 with 1.5 - 2.0 = -0.5, and
+    # (0.75 + 1.0) / 2 = 0.875 with 0.8 - 1.5 = -0.7; full 0, 0 | 4, 2 -> (0, -0.1), (0.75, -1.0)
+    for run, expected in ((runs[0], [0.125, -0.5, 0.875, -0.7]), (runs[1], [0.0, -0.1, 0.75, -1.0])):
+        points = analyze.zero_share_vs_mi_change(run)
+        assert [x for point in points for x in point] == pytest.approx(expected)
     # Mid-ranks x: 2.5, 5.5, 1, 4, 2.5, 5.5; y: 4.5, 2.5, 6, 1, 4.5, 2.5: ρ = -13.5 / 16.5
     assert result["b3"]["n"] == 6 and math.isclose(result["b3"]["rho"], -13.5 / 16.5)
     # top_p - none: 0.25, 0.0, 0.25 -> mean 1/6, t(2) = 4.303, sd 0.1443 -> ±0.3586
