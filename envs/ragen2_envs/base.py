@@ -16,6 +16,7 @@ while stochastic dynamics stay independent across its rollouts:
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Sequence
 from typing import Any, ClassVar, Self
@@ -31,7 +32,10 @@ CHARSET = frozenset(string.printable) | frozenset("√·×÷−…–—’“�
 MAX_TEXT = 65_536
 
 
+@functools.cache
 def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
+    """The text space of every observation and action (one object: building its charset per env cost more
+    than a small model's sampling)."""
     return spaces.Text(min_length=0, max_length=max_length, charset=CHARSET)
 
 
@@ -74,6 +78,15 @@ class TextEnv(gym.Env[str, str]):
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         """Apply one action's text: (reward, terminated, truncated, info with action_is_valid, success)."""
         raise NotImplementedError
+
+    def reasoning_grammar(self) -> tuple[str, ...] | None:
+        """Every reasoning this env accepts, when it holds the reasoning to a finite grammar (None: any text).
+
+        The agent counts a turn whose reasoning (whitespace runs read as one space, the ends stripped) is not
+        one of these as a format failure, and the MI pass enumerates them for the exact I(X;Z)
+        (``diag/exact/*``).
+        """
+        return None
 
     def example_action(self) -> str | None:
         """A fixed action in this env's syntax for the prompt's example reply (never a state-dependent hint).

@@ -35,6 +35,7 @@ ENV_IDS: dict[str, str] = {
     "ragen2/SearchQA-v0": "ragen2_envs.searchqa.env:SearchQAEnv",
     "ragen2/WebShop-v0": "ragen2_envs.webshop.env:WebShopEnv",
     "ragen2/DeepCoder-v0": "ragen2_envs.deepcoder.env:DeepCoderEnv",
+    "ragen2/TwoHop-v0": "ragen2_envs.twohop.env:TwoHopEnv",
 }
 #: the entry-point group in which a package outside ragen2 declares its environments
 ENTRY_POINT_GROUP = "ragen2.envs"

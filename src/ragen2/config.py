@@ -65,6 +65,23 @@ def user_conf() -> list[str]:
     return [f"file://{folder}" for folder in folders]
 
 
+def organism_folder(which: str = "") -> str:
+    """``${ragen2.organism:}``: the organism model's folder, built under ``$RAGEN2_CACHE`` on first use;
+    ``${ragen2.organism:warm}``: its warm start, shipped with ragen2 (``ragen2.organism``)."""
+    from ragen2.organism import folder, warm_start
+
+    if which not in ("", "warm"):
+        raise ConfigError(
+            f"${{ragen2.organism:{which}}} names no organism model. Fix: ${{ragen2.organism:}} (the random "
+            "model) or ${ragen2.organism:warm} (its warm start)"
+        )
+    return warm_start() if which == "warm" else folder()
+
+
+# ${ragen2.organism:}: conf/model/organism.yaml's model.name_or_path (the builder renders through the agent,
+# which the models layer beneath it cannot import)
+OmegaConf.register_new_resolver("ragen2.organism", organism_folder, replace=True)
+
 # ${ragen2.user_conf:}: hydra.searchpath of each primary config (train.yaml, eval.yaml, diagnose.yaml)
 OmegaConf.register_new_resolver("ragen2.user_conf", user_conf, replace=True)
 

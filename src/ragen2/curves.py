@@ -8,5 +8,6 @@ from __future__ import annotations
 
 import re
 
-CURVE = re.compile(r"first_turn|trajectory|heldout|turn_([2-9]|[1-9]\d+)")
-"""Curves the MI pass logs: ``first_turn``, ``trajectory``, ``turn_<t>`` for t ≥ 2, ``heldout``."""
+CURVE = re.compile(r"(first_turn|trajectory|heldout|turn_([2-9]|[1-9]\d+))(_c([2-9]|[1-9]\d+))?")
+"""Curves the MI pass logs: ``first_turn``, ``trajectory``, ``turn_<t>`` for t ≥ 2, ``heldout``, and each one's
+``_c<n>`` over its first n prompts (``diagnostics.columns``)."""

@@ -39,7 +39,7 @@ def _build(cache: str, name: str, out: mp.Queue[str]) -> None:
         calls.append(1)
         (tmp / "config.json").write_text("{}")
 
-    path = loading._build_once(name, build)
+    path = loading.build_once(name, build)
     out.put(f"{path}|{len(calls)}")
 
 
@@ -80,7 +80,7 @@ def test_a_build_replaces_what_a_broken_or_killed_builder_left(tmp_path: Path, m
     (tmp_path / ".thing-killed").mkdir()
     (tmp_path / ".thing-killed" / "model.safetensors").write_bytes(b"0" * 64)
 
-    path = loading._build_once("thing", lambda tmp: (tmp / "config.json").write_text("{}"))
+    path = loading.build_once("thing", lambda tmp: (tmp / "config.json").write_text("{}"))
     assert sorted(p.name for p in path.iterdir()) == ["config.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thing", "thing.lock"]
 
@@ -88,7 +88,7 @@ def test_a_build_replaces_what_a_broken_or_killed_builder_left(tmp_path: Path, m
 def test_a_build_that_writes_no_config_is_refused_and_publishes_nothing(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"'thing' .* wrote no config.json: tokenizer.json"):
-        loading._build_once("thing", lambda tmp: (tmp / "tokenizer.json").write_text("{}"))
+        loading.build_once("thing", lambda tmp: (tmp / "tokenizer.json").write_text("{}"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thing.lock"]
 
 

@@ -24,11 +24,23 @@ class ParsedTurn:
     dropped_actions: int = 0  # actions beyond max_actions_per_turn
 
 
-def parse_turn(text: str, max_actions: int, strip_tokens: tuple[str, ...] = ()) -> ParsedTurn:
+def normal_reasoning(think: str) -> str:
+    """The reasoning as a grammar compares it: whitespace runs read as one space, the ends stripped."""
+    return " ".join(think.split())
+
+
+def parse_turn(
+    text: str,
+    max_actions: int,
+    strip_tokens: tuple[str, ...] = (),
+    grammar: frozenset[str] | None = None,
+) -> ParsedTurn:
     """Extract ``<answer>`` and split it on ``||``; keep at most ``max_actions`` actions.
 
     ``strip_tokens`` are special-token strings (EOS, end-of-turn) removed from the end before matching.
-    A turn is well-formed when the reasoning closes, one answer follows and it names at least one action.
+    A turn is well-formed when the reasoning closes, one answer follows and it names at least one action, and,
+    where the env holds the reasoning to a ``grammar`` (``TextEnv.reasoning_grammar``), the reasoning is one of
+    its sentences (``normal_reasoning``).
     """
     body = text
     for tok in strip_tokens:
@@ -38,7 +50,7 @@ def parse_turn(text: str, max_actions: int, strip_tokens: tuple[str, ...] = ()) 
         return ParsedTurn(format_ok=False, think=None, answer=None)
     actions = [a.strip() for a in match["answer"].split(ACTION_SEP)]
     actions = [a for a in actions if a]
-    if not actions:
+    if not actions or (grammar is not None and normal_reasoning(match["think"]) not in grammar):
         return ParsedTurn(format_ok=False, think=match["think"], answer=match["answer"])
     return ParsedTurn(
         format_ok=True,

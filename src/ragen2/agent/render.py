@@ -72,6 +72,23 @@ def template_fragments(tokenizer: Any, system_prompt: str) -> TemplateFragments:
     )
 
 
+#: a task-vocabulary tokenizer's ``tokenizer_config.json`` key naming the env ids whose text its words cover
+ENVS_KEY = "ragen2_envs"
+
+
+def check_vocabulary(tokenizer: Any, env_id: str) -> None:
+    """Refuse, at start-up, a tokenizer whose vocabulary covers only other envs' text (``ENVS_KEY``): every
+    prompt of ``env_id`` would be unknown words."""
+    envs = getattr(tokenizer, "init_kwargs", {}).get(ENVS_KEY)
+    if envs is not None and env_id and env_id not in envs:
+        model = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ConfigError(
+            f"model.name_or_path={model!r} has a task vocabulary that covers only {', '.join(envs)}, not "
+            f"env.id={env_id!r}: its prompts would read as unknown words. Fix: env=twohop with model=organism, or "
+            "a model with a general tokenizer for this env (model=builtin)"
+        )
+
+
 def check_chat_template(tokenizer: Any) -> None:
     """Refuse, at start-up, a chat template under which prompts cannot grow by appending ids."""
     template_fragments(tokenizer, "You are an agent.")

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ragen2.agent.episode import ENV_TIMEOUT, Episode, Turn
 from ragen2.agent.parsing import ACTION_SEP, parse_turn
 from ragen2.agent.reasoning import reasoning_ids
-from ragen2.agent.render import ChatRenderer, check_chat_template
+from ragen2.agent.render import THINK_CLOSE, ChatRenderer, check_chat_template, check_vocabulary
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
 from ragen2.log import log
 from ragen2.progress import bar
@@ -106,8 +106,15 @@ class EpisodeRunner:
         self.params = params
         self.env_id = env_id
         check_chat_template(tokenizer)  # before the first rollout: a history-rewriting template is refused
+        check_vocabulary(tokenizer, env_id)
         special = {tokenizer.eos_token, tokenizer.pad_token}
         self._strip = tuple(s for s in special if s)
+        # the env's reasoning grammar (TextEnv.reasoning_grammar), read off the first env made
+        self._grammar: frozenset[str] | None = None
+        self._grammar_read = False
+        self._renderer: ChatRenderer | None = None
+        self._pool: list[Any] = []  # one env per episode slot, reused across collections (``_env``)
+        self._first: tuple[str, str, list[int]] | None = None  # the last first prompt rendered
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
@@ -134,23 +141,20 @@ class EpisodeRunner:
         episodes: list[Episode] = []
         prompts: list[list[int]] = []
         observations: list[str] = []
-        renderer: ChatRenderer | None = None
         for g, seed in enumerate(seeds):
             for k in range(group_size):
-                env = self.env_factory()
+                env = self._env(len(episodes))
+                if not self._grammar_read:
+                    grammar = env.reasoning_grammar()
+                    self._grammar, self._grammar_read = None if grammar is None else frozenset(grammar), True
                 ep = Episode(env_id=self.env_id, seed=int(seed), group=g, sample=k, system_prompt="")
                 try:
                     obs, _ = self._call(ep, "reset", env.reset, seed=int(seed), options={"sample": k})
                 except EnvTimeout:
                     obs = None
-                sys_prompt = system_prompt(env.instructions, self.cfg, self.params.max_new_tokens)
-                if renderer is None or renderer.system_prompt != sys_prompt:
-                    renderer = ChatRenderer(self.tokenizer, sys_prompt)
-                ep.system_prompt = sys_prompt
                 shown = NO_OBSERVATION if obs is None else obs
-                first = renderer.first_prompt(
-                    self._user(env, 1, shown, self.cfg.max_turns * self.cfg.max_actions_per_turn)
-                )
+                renderer, first = self.first_prompt(env, shown)
+                ep.system_prompt = renderer.system_prompt
                 if len(first) + self.params.max_new_tokens > self.cfg.max_context:
                     raise ValueError(
                         f"the first prompt of {self.env_id or 'the env'} is {len(first)} tokens, so "
@@ -219,7 +223,49 @@ class EpisodeRunner:
                 if not active:
                     break
         report(())  # every episode has ended: the groups the oracle's plans ended before a turn too
+        for slot, ep in enumerate(episodes):
+            if ep.end_reason == ENV_TIMEOUT:  # a call that timed out may still run: its env is not reused
+                self._pool[slot] = None
         return episodes
+
+    def _env(self, slot: int) -> Any:
+        """The env of the collection's ``slot``-th episode: made once, then reset by every collection (an env
+        is reusable by gymnasium's contract; making one per episode cost more than sampling a small model)."""
+        self._pool.extend([None] * (slot + 1 - len(self._pool)))
+        env = self._pool[slot]
+        if env is None:
+            env = self._pool[slot] = self.env_factory()
+        return env
+
+    def first_prompt(self, env: Any, observation: str) -> tuple[ChatRenderer, list[int]]:
+        """The renderer of ``env``'s system prompt and the ids of turn 1 showing ``observation``. The last
+        renderer is kept: a run whose system prompt does not change renders its template once."""
+        sys_prompt = system_prompt(env.instructions, self.cfg, self.params.max_new_tokens)
+        if self._renderer is None or self._renderer.system_prompt != sys_prompt:
+            self._renderer = ChatRenderer(self.tokenizer, sys_prompt)
+        actions = self.cfg.max_turns * self.cfg.max_actions_per_turn
+        user = self._user(env, 1, observation, actions)
+        # the K rollouts of a group come one after another with the same text: encode it once
+        if self._first is None or self._first[:2] != (sys_prompt, user):
+            self._first = (sys_prompt, user, self._renderer.first_prompt(user))
+        return self._renderer, list(self._first[2])
+
+    def first_prompts(self, seeds: Sequence[int]) -> list[tuple[list[int], dict[str, Any]]]:
+        """Each instance seed's turn-1 prompt ids, as ``collect`` renders them, and its reset ``info``."""
+        out = []
+        for seed in seeds:
+            env = self.env_factory()
+            obs, info = env.reset(seed=int(seed), options={"sample": 0})
+            out.append((self.first_prompt(env, obs)[1], info))
+        return out
+
+    def grammar_ids(self) -> list[list[int]] | None:
+        """The ids of every sentence of the env's reasoning grammar followed by ``</think>`` (what the exact
+        figures score, ``ragen2.diagnostics.exact``), or None when the env's reasoning is free text."""
+        grammar = self.env_factory().reasoning_grammar()
+        if grammar is None:
+            return None
+        return [list(self.tokenizer.encode(z + THINK_CLOSE, add_special_tokens=False)) for z in grammar]
 
     def _call(self, ep: Episode, call: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` under ``step_timeout_s``; a call past it is logged, then EnvTimeout."""
@@ -277,7 +323,7 @@ class EpisodeRunner:
     ) -> tuple[Turn, bool]:
         """The turn, and whether an ``env.step`` timed out (its action is not counted: it never completed)."""
         text = self._decode(sample.ids)
-        parsed = parse_turn(text, self.cfg.max_actions_per_turn, self._strip)
+        parsed = parse_turn(text, self.cfg.max_actions_per_turn, self._strip, self._grammar)
         reward, valid, infos = 0.0, [], []
         timed_out = False
         for action in parsed.actions:

@@ -9,6 +9,9 @@ instead of indices:
   p·Σs − eps, stopping early at the first score ≤ 0; if the target is never reached (Σs ≈ 0, or
   negatives) the mask is empty. Softmax mode keeps the nucleus of softmax(±s) whose mass first
   reaches p: it depends on the scale of s (rewards ×10 keep fewer groups), hence the warning.
+- `random_drop` (not in the reference: the control of the organism study, docs/organism.md) keeps as many
+  groups as `top_p` would at the same value, drawn uniformly from all G groups with a seeded generator:
+  as few optimizer steps as the SNR filter, with no choice by signal.
 - `top_k` keeps max(1, min(int(p·G), #candidates)) groups, G counting all groups; `top_k_abs`
   keeps max(1, min(int(value), #candidates)).
 - `min_p` keeps s ≥ p·max(s) (`largest`), or s ≤ min(s)/p (`largest=False`, the reference's rule).
@@ -119,6 +122,7 @@ class Candidates:
     mode: str
     eps: float
     bands: int
+    generator: torch.Generator | None = None  # the draws of ``random_drop`` (``GroupFilter`` seeds it)
 
     def mask(self, chosen: torch.Tensor) -> torch.Tensor:
         """[G] bool: the candidates at local indices ``chosen`` kept."""
@@ -220,6 +224,21 @@ def _quantile(c: Candidates, value: float) -> torch.Tensor:
     return c.mask(_quantile_band(c.key, int(value), int(bands)))
 
 
+def _random_drop(c: Candidates, value: float) -> torch.Tensor:
+    """As many groups as ``top_p`` keeps at ``value``, drawn uniformly from every group, zero-score ones
+    included: the control that takes as few optimizer steps as the SNR filter without choosing by signal."""
+    kept = int(_top_p(c, value).sum())
+    if c.generator is None:
+        raise ValueError(
+            "filter.strategy=random_drop draws the groups it keeps and was given no generator. Fix: "
+            "filter=random_drop (its config seeds the draws with the run's seed)"
+        )
+    chosen = torch.randperm(c.groups, generator=c.generator)[:kept].to(c.index.device)
+    keep = torch.zeros(c.groups, dtype=torch.bool, device=c.index.device)
+    keep[chosen] = True
+    return keep
+
+
 def _none(c: Candidates, value: float) -> torch.Tensor:
     """Every group, zero-score ones included (the no-filter baseline)."""
     return torch.ones(c.groups, dtype=torch.bool, device=c.index.device)
@@ -233,6 +252,7 @@ STRATEGIES: dict[str, Callable[[Candidates, float], torch.Tensor]] = {
     "top_k_abs": _top_k_abs,
     "min_p": _min_p,
     "quantile": _quantile,
+    "random_drop": _random_drop,
     "none": _none,
 }
 
@@ -270,8 +290,10 @@ def select_groups(
     eps: float = 0.01,
     largest: bool = True,
     bands: int = 4,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Boolean keep-mask [G] over groups from their scores [G] (see the module docstring)."""
+    """Boolean keep-mask [G] over groups from their scores [G] (see the module docstring); ``generator``
+    draws ``random_drop``'s groups."""
     if strategy not in STRATEGIES:
         raise ValueError(
             f"filter.strategy={strategy!r} is unknown. Fix: choose one of {', '.join(STRATEGIES)}"
@@ -288,7 +310,7 @@ def select_groups(
         index = index[s.abs() > _ZERO]
     key = s[index] if largest else -s[index]
     order = torch.sort(key, descending=True, stable=True).indices  # [C]
-    candidates = Candidates(index, s[index], key, order, s.numel(), largest, mode, eps, bands)
+    candidates = Candidates(index, s[index], key, order, s.numel(), largest, mode, eps, bands, generator)
     return STRATEGIES[strategy](candidates, value)
 
 

@@ -24,6 +24,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from ragen2.curves import CURVE
+from ragen2.data.contracts import log_row
 from ragen2.diagnostics.findings import held_findings
 from ragen2.diagnostics.mi_pass import MIPass
 from ragen2.diagnostics.regimes import RegimeReading, RegimeState, RegimeThresholds, evidence, step
@@ -103,7 +104,7 @@ class CollapseMonitor(L.Callback):
         reading = self.observe(None if findings is None else findings.mi, trainer.current_epoch)
         if findings is not None and reading is not None:
             findings.regime = reading
-            pl_module.log_dict(reading.as_metrics(), on_step=True, on_epoch=False, batch_size=1)
+            log_row(pl_module, reading.as_metrics())
         if self.on_collapse == "stop":
             # a collective on every iteration, pass or not, so that no rank waits on another
             local = reading is not None and reading.declared.alarm

@@ -42,11 +42,11 @@ from typing import Any
 import lightning as L
 
 from ragen2.data.batch import RolloutBatch
-from ragen2.data.contracts import SamplesFirstTurns, first_turn_source, held_policy
+from ragen2.data.contracts import RendersPrompts, first_turn_source, held_policy, prompt_source
 from ragen2.data.evaluation import heldout_seeds
 from ragen2.diagnostics.findings import held_findings
 from ragen2.diagnostics.metric import MIMetric
-from ragen2.diagnostics.mi_pass import MIPass, measure_pass
+from ragen2.diagnostics.mi_pass import Grammar, MIPass, measure_pass
 from ragen2.diagnostics.sampling import MODES, Trajectory, gather_trajectories, trajectories
 from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
@@ -73,6 +73,10 @@ def _budgets(num_samples: int | Mapping[str, int], modes: Sequence[str]) -> dict
     return budgets
 
 
+#: held-out instances ``HeldOut.info`` may look through for each one it keeps
+SCAN_FACTOR = 100
+
+
 @dataclass(frozen=True)
 class HeldOut:
     """``diagnostics.heldout``: the ``heldout`` curve's instances and first-turn samples per instance."""
@@ -82,6 +86,9 @@ class HeldOut:
     log ``num_seeds``. 0: no ``heldout`` curve."""
     samples: int = 4
     """First turns sampled per instance at every pass, the same sampler seed every pass."""
+    info: dict[str, Any] | None = None
+    """Keep only instances whose reset ``info`` holds these values (TwoHop's ``{kind: learnable}``): the first
+    ``num_seeds`` of validation's that match. null: the first ``num_seeds``, whatever they are."""
 
     def __post_init__(self) -> None:
         if self.num_seeds < 0 or self.num_seeds == 1:
@@ -95,9 +102,33 @@ class HeldOut:
                 "Fix: diagnostics.heldout.samples=4"
             )
 
-    def seeds(self, run_seed: int, ranks: Ranks) -> list[int]:
-        """This rank's share of the held-out instance seeds (rank-major order once gathered)."""
-        every = heldout_seeds(run_seed, self.num_seeds)
+    def all_seeds(self, run_seed: int, source: RendersPrompts | None) -> list[int]:
+        """The held-out instance seeds: the first ``num_seeds`` of validation's whose reset info matches
+        ``info`` (read from ``source``'s first prompts; every rank reads the same)."""
+        if not self.info:
+            return heldout_seeds(run_seed, self.num_seeds)
+        if source is None:
+            raise ConfigError(
+                f"diagnostics.heldout.info={self.info} reads each instance's reset info, which this run's data "
+                "module does not render. Fix: diagnostics.heldout.info=null"
+            )
+        candidates = heldout_seeds(run_seed, self.num_seeds * SCAN_FACTOR)
+        kept: list[int] = []
+        for start in range(0, len(candidates), self.num_seeds):
+            chunk = candidates[start : start + self.num_seeds]
+            for seed, (_, info) in zip(chunk, source.first_prompts(chunk)):
+                if all(info.get(k) == v for k, v in self.info.items()) and len(kept) < self.num_seeds:
+                    kept.append(seed)
+            if len(kept) == self.num_seeds:
+                return kept
+        raise ConfigError(
+            f"diagnostics.heldout.info={self.info}: only {len(kept)} of the first {len(candidates)} held-out "
+            f"instances match, fewer than diagnostics.heldout.num_seeds={self.num_seeds}. Fix: values the env's "
+            "reset info takes (TwoHop: {kind: learnable}), or fewer num_seeds"
+        )
+
+    def seeds(self, every: list[int], ranks: Ranks) -> list[int]:
+        """This rank's share of the held-out instance seeds ``every`` (rank-major order once gathered)."""
         share = -(-len(every) // ranks.world)
         return every[ranks.rank * share : (ranks.rank + 1) * share]
 
@@ -113,6 +144,8 @@ class MIDiagnostics(L.Callback):
         seed: int = 0,
         modes: Sequence[str] = ("first_turn",),
         heldout: HeldOut | Mapping[str, Any] | None = None,
+        columns: Sequence[int] = (),
+        exact: bool = False,
     ) -> None:
         if every_n_iterations < 0:
             raise ConfigError(
@@ -135,12 +168,53 @@ class MIDiagnostics(L.Callback):
         self.budgets = _budgets(num_samples, self.modes)
         self.seed = seed
         self.heldout = settings(HeldOut, heldout or {}, "diagnostics.heldout")
+        if isinstance(columns, str) or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in columns
+        ):
+            raise ConfigError(
+                f"diagnostics.columns={columns!r} must be a list of prompt counts ≥ 2 (each curve's proxies over its "
+                "first n prompts, as diag/<curve>_c<n>/*). Fix: diagnostics.columns=[4,16], or [] for none"
+            )
+        self.columns = tuple(sorted(set(columns)))
+        if exact and self.heldout.num_seeds < 2:
+            raise ConfigError(
+                f"diagnostics.exact=true scores the held-out instances' prompts, and diagnostics.heldout.num_seeds="
+                f"{self.heldout.num_seeds} gives none. Fix: diagnostics.heldout.num_seeds=64"
+            )
+        self.exact = exact
+        self._heldout: list[int] | None = None  # the held-out seeds, read once
+        self._grammar: Grammar | None = None  # the exact figures' prompts and sentences, read once
         # one metric (one EMA) per curve; turn_<t> metrics appear when a batch first reaches turn t
         self.metrics: dict[str, MIMetric] = {m: MIMetric() for m in self.modes if m != "per_turn"}
 
     def due(self, iteration: int) -> bool:
         every = self.every_n_iterations
         return self.enabled and every > 0 and iteration % every == 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """With ``exact``: refuse, before the first iteration, an env whose reasoning has no grammar."""
+        if self.exact and self.enabled:
+            self.grammar(prompt_source(getattr(trainer, "datamodule", None)))
+
+    def heldout_seeds(self, source: RendersPrompts | None) -> list[int]:
+        """Every rank's held-out instance seeds (``HeldOut.all_seeds``), read once."""
+        if self._heldout is None:
+            self._heldout = self.heldout.all_seeds(self.seed, source)
+        return self._heldout
+
+    def grammar(self, source: RendersPrompts | None) -> Grammar:
+        """The exact figures' input: the held-out instances' first prompts and the grammar's sentences."""
+        if self._grammar is None:
+            sentences = None if source is None else source.grammar_ids()
+            if source is None or sentences is None:
+                raise ConfigError(
+                    "diagnostics.exact=true enumerates the reasoning grammar of an env that holds its reasoning "
+                    "to one (TextEnv.reasoning_grammar), and this run's env has none. Fix: env=twohop, or "
+                    "diagnostics.exact=false"
+                )
+            prompts = [ids for ids, _ in source.first_prompts(self.heldout_seeds(source))]
+            self._grammar = Grammar(prompts, sentences)
+        return self._grammar
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -152,29 +226,46 @@ class MIDiagnostics(L.Callback):
             and findings is not None
             and self.due(batch.iteration)
         ):
-            findings.mi = self.measure(policy, batch, first_turn_source(getattr(trainer, "datamodule", None)))
+            findings.mi = self.measure(policy, batch, getattr(trainer, "datamodule", None))
 
-    def measure(self, policy: Any, batch: RolloutBatch, source: SamplesFirstTurns | None = None) -> MIPass:
-        """The pass on one batch (also callable from a notebook); ``source`` (``SamplesFirstTurns``, e.g. the
-        run's DataModule) samples the held-out first turns when ``diagnostics.heldout`` asks for them.
+    def measure(self, policy: Any, batch: RolloutBatch, datamodule: Any = None) -> MIPass:
+        """The pass on one batch (also callable from a notebook); ``datamodule`` (the run's) samples the
+        held-out first turns when ``diagnostics.heldout`` asks for them (``SamplesFirstTurns``) and renders
+        their prompts and the grammar for ``diagnostics.exact`` (``RendersPrompts``).
 
         A collective under ``torch.distributed``: every rank calls it with its own batch.
         """
         ranks = Ranks.current()
         gathered = gather_trajectories(trajectories(batch.episodes), ranks)
         heldout: list[Trajectory] = []
-        if self.heldout.num_seeds and source is not None:
-            seeds = self.heldout.seeds(self.seed, ranks)
-            local = trajectories(source.first_turns(seeds, self.heldout.samples, self.seed))
+        sampler, prompts = first_turn_source(datamodule), prompt_source(datamodule)
+        if self.heldout.num_seeds and sampler is not None:
+            seeds = self.heldout.seeds(self.heldout_seeds(prompts), ranks)
+            local = trajectories(sampler.first_turns(seeds, self.heldout.samples, self.seed))
             heldout = gather_trajectories(local, ranks)
-        return self.measure_trajectories(policy, gathered, batch.iteration, heldout)
+        grammar = self.grammar(prompts) if self.exact else None
+        return self.measure_trajectories(policy, gathered, batch.iteration, heldout, grammar)
 
     def measure_trajectories(
-        self, policy: Any, trajs: Sequence[Trajectory], iteration: int, heldout: Sequence[Trajectory] = ()
+        self,
+        policy: Any,
+        trajs: Sequence[Trajectory],
+        iteration: int,
+        heldout: Sequence[Trajectory] = (),
+        grammar: Grammar | None = None,
     ) -> MIPass:
         """The pass on already gathered trajectories: identical inputs give identical numbers and forwards."""
         return measure_pass(
-            policy, trajs, iteration, self.modes, self.budgets, self.seed, self.metrics, heldout
+            policy,
+            trajs,
+            iteration,
+            self.modes,
+            self.budgets,
+            self.seed,
+            self.metrics,
+            heldout,
+            self.columns,
+            grammar,
         )
 
     def state_dict(self) -> dict[str, Any]:

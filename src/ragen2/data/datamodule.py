@@ -153,6 +153,18 @@ class RolloutDataModule(L.LightningDataModule):
             assert self.runner is not None and self.sampler is not None
             return sample_first_turns(self.runner, self.sampler, list(seeds), samples, sample_seed)
 
+    def first_prompts(self, seeds: Sequence[int]) -> list[tuple[list[int], Mapping[str, Any]]]:
+        """Each instance seed's turn-1 prompt ids and reset info (``RendersPrompts``)."""
+        self.setup()
+        assert self.runner is not None
+        return list(self.runner.first_prompts(seeds))
+
+    def grammar_ids(self) -> list[list[int]] | None:
+        """The env's reasoning grammar as the ids the exact figures score, or None (``RendersPrompts``)."""
+        self.setup()
+        assert self.runner is not None
+        return self.runner.grammar_ids()
+
     def validation_rollout(self) -> dict[str, float]:
         """Greedy success and sampled pass@k on held-out instance seeds (``ragen2.data.evaluation``)."""
         with self._sampling():

@@ -75,7 +75,7 @@ class GroupFilter:
     """reward_std (the reference's "RV") | reward_var | reward_mean | success_std (the std of the binary
     outcome: with shaped rewards, a group that never succeeds scores 0) | entropy | entropy_std | length."""
     strategy: str = "top_p"
-    """top_p | top_k | top_k_abs | min_p | quantile | none."""
+    """top_p | top_k | top_k_abs | min_p | quantile | random_drop | none."""
     value: float = 0.9
     """top_p: the share of the total score to keep, > 0 (≥ 1 keeps every candidate); top_k: a fraction of groups; top_k_abs: a
     count; min_p: the fraction of the best score; quantile: the band, 1 (highest scores) … ``bands``."""
@@ -94,6 +94,8 @@ class GroupFilter:
     half from the top and half from the bottom (at least one of each); 1 trains on every rollout."""
     monitor: bool = False
     """Report only: ``filter/*`` describe the groups the filter would keep, and every group trains."""
+    seed: int = 0
+    """random_drop: its draws, with the iteration's number (the run's seed in conf/filter/random_drop.yaml)."""
 
     def __post_init__(self) -> None:
         if self.score not in SCORE_KINDS:
@@ -108,7 +110,13 @@ class GroupFilter:
             )
         try:  # the strategy's own check of value/mode/eps/bands, once (and warns once for softmax mode)
             select_groups(
-                torch.ones(2), self.strategy, self.value, mode=self.mode, eps=self.eps, bands=self.bands
+                torch.ones(2),
+                self.strategy,
+                self.value,
+                mode=self.mode,
+                eps=self.eps,
+                bands=self.bands,
+                generator=torch.Generator(),
             )
         except ValueError as err:
             raise ConfigError(str(err)) from err
@@ -128,10 +136,12 @@ class GroupFilter:
         values = ROLLOUT_VALUES[SCORE_INPUTS[self.score]](batch)  # [B]
         return group_scores(by_group(values, batch.group_index, batch.num_groups), self.score)
 
-    def select(self, scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def select(self, scores: torch.Tensor, iteration: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
         """[G] scores -> (keep [G], filter/* stats): one decision over every group it is given (across
         ranks, the iteration's gathered scores); under ``monitor`` every group is kept and the stats
-        describe the decision."""
+        describe the decision. ``random_drop`` draws from ``seed`` and ``iteration``: a resumed run, and
+        every rank, draws what an uninterrupted single process would."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # already warned at construction
             keep = select_groups(
@@ -143,6 +153,7 @@ class GroupFilter:
                 eps=self.eps,
                 largest=self.largest,
                 bands=self.bands,
+                generator=generator,
             )
         return (torch.ones_like(keep) if self.monitor else keep), filter_stats(scores, keep)
 
@@ -152,14 +163,16 @@ class GroupFilter:
         returns = by_group(batch.returns, batch.group_index, batch.num_groups)  # [G, K]
         return ungroup(extreme_rows(returns, self.trajectory_fraction), batch.group_index)
 
-    def __call__(self, batch: Grouped) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    def __call__(
+        self, batch: Grouped, iteration: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """The batch's groups -> (keep [G], scores [G], filter/* stats)."""
         scores = self.scores(batch)
-        keep, stats = self.select(scores)
+        keep, stats = self.select(scores, iteration)
         return keep, scores, stats
 
     def select_across(
-        self, groups: Grouped, trainable: torch.Tensor, ranks: Ranks = ONE_PROCESS
+        self, groups: Grouped, trainable: torch.Tensor, ranks: Ranks = ONE_PROCESS, iteration: int = 0
     ) -> tuple[Selection, dict[str, float]]:
         """This rank's ``groups`` -> (what the update trains on, filter/* stats): one selection over every
         rank's trainable groups ([G] bool ``trainable``: False only for the degenerate groups dynamic
@@ -169,7 +182,7 @@ class GroupFilter:
         # nothing trainable on any rank: every group is scored (the stats still describe them), none kept
         pool = trainable if anywhere else torch.ones_like(trainable)
         everyone = ranks.concat(scores[pool])
-        keep_all, stats = self.select(everyone)
+        keep_all, stats = self.select(everyone, iteration)
         pooled = int(pool.sum())
         first, _ = ranks.offset(pooled)
         keep = torch.zeros_like(trainable)

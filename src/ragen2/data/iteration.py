@@ -96,7 +96,7 @@ def collect_iteration(
     rollout_s = max(ranks.gather(time.perf_counter() - start))  # the slowest rank's
     terms = plan.terms(rounds.episodes)
     groups = Groups.of(rounds.episodes, rounds.groups, terms)
-    selection, stats = plan.filter.select_across(groups, rounds.trainable, ranks)
+    selection, stats = plan.filter.select_across(groups, rounds.trainable, ranks, iteration)
     # every rank's episodes: the logged numbers describe the whole iteration
     everyone = [eps for part in ranks.gather(rounds.sampled) for eps in part]
     sampled = [ep for eps in everyone for ep in eps]

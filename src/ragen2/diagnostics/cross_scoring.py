@@ -26,7 +26,8 @@ reasonings repeat. Only full-attention decoders whose cache layers are plain ``D
 supported; others raise (use ``naive_cross_score``).
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -147,43 +148,51 @@ def _packed_mask(lengths: Sequence[int], past: int, dtype: torch.dtype, device: 
     return mask[None, None].to(device)
 
 
-def _score_column(
-    model: PreTrainedModel, kv: KV | None, last: int, zs: Sequence[tuple[int, ...]], max_batch_tokens: int
+def _score_columns(
+    model: PreTrainedModel,
+    kv: KV | None,
+    lasts: Sequence[int],
+    zs: Sequence[tuple[int, ...]],
+    max_batch_tokens: int,
 ) -> tuple[Tensor, int]:
-    """Σ log π(z | prompt) for each z, from the cache of the prompt minus its last token ``last``.
+    """[len(zs), C] Σ log π(z | prompt) for each z under each of C prompts whose caches (minus each prompt's
+    last token ``lasts[c]``) have one length and are stacked along ``kv``'s batch.
 
-    The reasonings are packed side by side into one batch-1 sequence per chunk of
-    ``max_batch_tokens`` positions, each segment ``[last, z_1 … z_{n−1}]`` at positions
-    ``past … past + n − 1`` under a block mask. Against a batch of rows this runs no padding,
-    copies the cache once per chunk instead of once per row, and every logit it computes is used.
+    The reasonings are packed side by side into one sequence per chunk of ``max_batch_tokens`` positions,
+    the same for every column, each segment ``[last, z_1 … z_{n−1}]`` at positions ``past … past + n − 1``
+    under a block mask. Against a batch of rows this runs no padding, copies the cache once per chunk
+    instead of once per row, and every logit it computes is used.
     """
     device = model.device
-    dtype = _embedding_weight(model).dtype
-    past = cache_len(kv)
-    sums = torch.zeros(len(zs), dtype=torch.float32)
+    dtype = embedding_weight(model).dtype
+    past, columns = cache_len(kv), len(lasts)
+    sums = torch.zeros(len(zs), columns, dtype=torch.float32)
     processed = 0
     for chunk in _chunks([len(z) for z in zs], max_batch_tokens):
         lengths = [len(zs[i]) for i in chunk]
-        inputs = torch.tensor([t for i in chunk for t in (last, *zs[i][:-1])], device=device)
+        inputs = torch.tensor([t for i in chunk for t in (0, *zs[i][:-1])]).repeat(columns, 1)
+        starts = torch.cumsum(torch.tensor([0, *lengths[:-1]]), 0)
+        inputs[:, starts] = torch.tensor(lasts)[:, None]  # each segment opens on its column's last token
         targets = torch.tensor([t for i in chunk for t in zs[i]], device=device)
         positions = torch.cat([torch.arange(past, past + n) for n in lengths]).to(device)
+        mask = _packed_mask(lengths, past, dtype, device)
         hidden = model.get_decoder()(
-            input_ids=inputs[None],
-            attention_mask=_packed_mask(lengths, past, dtype, device),
-            position_ids=positions[None],
-            past_key_values=as_cache(kv, 1),
+            input_ids=inputs.to(device),
+            attention_mask=mask.expand(columns, -1, -1, -1),
+            position_ids=positions[None].expand(columns, -1),
+            past_key_values=as_cache(kv),
             use_cache=True,
-        ).last_hidden_state[0]
+        ).last_hidden_state  # [C, T, H]
         # the head in chunks of rows (ragen2.algos.logprobs): no [positions, vocab] logits at once
-        logp, _ = token_stats(hidden, targets, lm_head(model))
+        logp, _ = token_stats(hidden.reshape(-1, hidden.shape[-1]), targets.repeat(columns), lm_head(model))
         segment = torch.repeat_interleave(torch.arange(len(chunk)), torch.tensor(lengths)).to(device)
-        per_segment = torch.zeros(len(chunk), device=device)
-        sums[chunk] = per_segment.index_add_(0, segment, logp).cpu()
-        processed += len(targets)
+        per_segment = torch.zeros(columns, len(chunk), device=device)
+        sums[chunk] = per_segment.index_add_(1, segment, logp.view(columns, -1)).T.cpu()
+        processed += len(targets) * columns
     return sums, processed
 
 
-def _embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+def embedding_weight(model: PreTrainedModel) -> torch.Tensor:
     """The input embedding table, one row per token id."""
     weight = model.get_input_embeddings().weight
     assert isinstance(weight, torch.Tensor)  # nn.Module's attributes are typed Tensor | Module
@@ -195,7 +204,73 @@ def _check_model(model: PreTrainedModel) -> int:
         raise TypeError(
             f"model must be a transformers PreTrainedModel (causal LM), got {type(model).__name__}"
         )
-    return _embedding_weight(model).shape[0]
+    return embedding_weight(model).shape[0]
+
+
+@contextmanager
+def scoring(model: PreTrainedModel) -> Iterator[None]:
+    """Eval mode and no gradients within the block; the model's train/eval mode is restored after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def prompt_caches(
+    model: PreTrainedModel, prompts: Sequence[tuple[int, ...]], desc: str, common_prefix: bool = True
+) -> Iterator[tuple[int, KV | None, int]]:
+    """``(j, cache of prompts[j] minus its last token, positions run for it)`` for every prompt, in sorted
+    order of the contexts: a context's longest common prefix with any earlier one is the one it shares with
+    its predecessor, so each node of the contexts' prefix tree is encoded once (``common_prefix=False``:
+    each context from scratch). Call it under ``scoring``."""
+    previous: tuple[int, ...] = ()
+    kv: KV | None = None
+    with bar(len(prompts), desc, "prompt") as progress:
+        for j in sorted(range(len(prompts)), key=lambda c: prompts[c][:-1]):
+            context = prompts[j][:-1]
+            shared = _common_prefix_len(previous, context) if common_prefix else 0
+            kv = extend(model, truncate(kv, shared), context[shared:], f"{desc} (else use naive_cross_score)")
+            previous = context
+            yield j, kv, len(context) - shared
+            progress.update()
+
+
+def _stacked(caches: Sequence[KV | None]) -> KV | None:
+    """Caches of one length, stacked along the batch (None: every context was empty)."""
+    if caches[0] is None:
+        return None
+    return [
+        (torch.cat([c[layer][0] for c in caches]), torch.cat([c[layer][1] for c in caches]))  # type: ignore[index]
+        for layer in range(len(caches[0]))
+    ]
+
+
+def cache_batches(
+    model: PreTrainedModel,
+    prompts: Sequence[tuple[int, ...]],
+    desc: str,
+    max_columns: int,
+    common_prefix: bool = True,
+) -> Iterator[tuple[list[int], KV | None, int]]:
+    """``prompt_caches`` in batches of up to ``max_columns`` prompts whose caches have one length: their
+    indices, their caches stacked along the batch, and the positions run to encode them since the last
+    batch. One forward then serves a whole batch: with a small model, a forward's fixed cost is most of it."""
+    pending: dict[int, list[tuple[int, KV | None]]] = {}
+    cost = 0
+    for j, kv, positions in prompt_caches(model, prompts, desc, common_prefix):
+        cost += positions
+        group = pending.setdefault(cache_len(kv), [])
+        group.append((j, kv))
+        if len(group) == max_columns:
+            yield [i for i, _ in group], _stacked([c for _, c in group]), cost
+            cost = 0
+            del pending[cache_len(kv)]
+    for group in pending.values():
+        yield [i for i, _ in group], _stacked([c for _, c in group]), cost
+        cost = 0
 
 
 def cross_score(
@@ -203,6 +278,7 @@ def cross_score(
     rows: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     max_batch_tokens: int = 512,
+    max_batch_positions: int = 8192,
     common_prefix: bool = True,
 ) -> CrossScores:
     """Score every row's reasoning Z under every distinct prompt X with KV-cache reuse.
@@ -211,42 +287,30 @@ def cross_score(
     reasoning positions packed into one forward (a longer reasoning runs alone): its attention is
     [max_batch_tokens, cached + max_batch_tokens] (its logits come in ``token_stats``'s chunks), so
     larger chunks feed the matrix products better but spend more attention on masked pairs.
+    Prompts whose caches have one length are scored together, as many per forward as keep the forward within
+    ``max_batch_positions`` positions (``cache_batches``).
     ``common_prefix=False`` encodes each distinct prompt from scratch instead of sharing prefixes across
     prompts (for the cost benchmark).
     Runs under ``torch.no_grad()`` in eval mode; the model's train/eval mode is restored.
     """
     vocab_size = _check_model(model)
-    if max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    if max_batch_tokens < 1 or max_batch_positions < 1:
+        raise ValueError(
+            f"max_batch_tokens and max_batch_positions must be >= 1, got {max_batch_tokens}, {max_batch_positions}"
+        )
     clean = _validate_rows(rows, vocab_size)
     prompts, prompt_index = _index([x for x, _ in clean])
     reasonings, reasoning_index = _index([z for _, z in clean])
     unique_scores = torch.zeros(len(reasonings), len(prompts), dtype=torch.float32)
     processed = 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            previous: tuple[int, ...] = ()
-            kv: KV | None = None
-            progress = bar(len(prompts), "MI cross-scoring", "prompt")
-            # In sorted order a context's longest common prefix with any earlier context is the one
-            # it shares with its predecessor, so each prefix-tree node is encoded exactly once.
-            for j in sorted(range(len(prompts)), key=lambda c: prompts[c][:-1]):
-                context = prompts[j][:-1]
-                shared = _common_prefix_len(previous, context) if common_prefix else 0
-                kv = extend(
-                    model, truncate(kv, shared), context[shared:], "cross_score (else use naive_cross_score)"
-                )
-                processed += len(context) - shared
-                previous = context
-                column, cost = _score_column(model, kv, prompts[j][-1], reasonings, max_batch_tokens)
-                unique_scores[:, j] = column
-                processed += cost
-                progress.update()
-            progress.close()
-    finally:
-        model.train(was_training)
+    per_column = min(sum(len(z) for z in reasonings), max_batch_tokens)
+    columns = max(1, max_batch_positions // per_column)
+    with scoring(model):
+        for batch, kv, cost in cache_batches(model, prompts, "MI cross-scoring", columns, common_prefix):
+            lasts = [prompts[j][-1] for j in batch]
+            scores, positions = _score_columns(model, kv, lasts, reasonings, max_batch_tokens)
+            unique_scores[:, batch] = scores
+            processed += cost + positions
     return CrossScores(
         logp_sum=unique_scores[reasoning_index],
         num_tokens=torch.tensor([len(z) for _, z in clean], dtype=torch.long),
@@ -273,32 +337,27 @@ def naive_cross_score(
     device = model.device
     logp_sum = torch.zeros(len(clean), len(prompts), dtype=torch.float32)
     processed = 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for j, x in enumerate(prompts):
-                for start in range(0, len(clean), batch_size):
-                    batch = range(start, min(start + batch_size, len(clean)))
-                    width = len(x) + max(len(clean[r][1]) for r in batch)
-                    inputs = torch.zeros(len(batch), width, dtype=torch.long)
-                    targets = torch.zeros(len(batch), width, dtype=torch.long)
-                    valid = torch.zeros(len(batch), width, dtype=torch.bool)
-                    attention = torch.zeros(len(batch), width, dtype=torch.long)
-                    for b, r in enumerate(batch):
-                        z = clean[r][1]
-                        inputs[b, : len(x) + len(z)] = torch.tensor(x + z)
-                        attention[b, : len(x) + len(z)] = 1
-                        # position p predicts token p + 1: z's tokens from the last prompt position on
-                        targets[b, len(x) - 1 : len(x) + len(z) - 1] = torch.tensor(z)
-                        valid[b, len(x) - 1 : len(x) + len(z) - 1] = True
-                    logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
-                    logp_sum[list(batch), j] = _token_logprob_sums(
-                        logits, targets.to(device), valid.to(device)
-                    ).cpu()
-                    processed += len(batch) * width
-    finally:
-        model.train(was_training)
+    with scoring(model):
+        for j, x in enumerate(prompts):
+            for start in range(0, len(clean), batch_size):
+                batch = range(start, min(start + batch_size, len(clean)))
+                width = len(x) + max(len(clean[r][1]) for r in batch)
+                inputs = torch.zeros(len(batch), width, dtype=torch.long)
+                targets = torch.zeros(len(batch), width, dtype=torch.long)
+                valid = torch.zeros(len(batch), width, dtype=torch.bool)
+                attention = torch.zeros(len(batch), width, dtype=torch.long)
+                for b, r in enumerate(batch):
+                    z = clean[r][1]
+                    inputs[b, : len(x) + len(z)] = torch.tensor(x + z)
+                    attention[b, : len(x) + len(z)] = 1
+                    # position p predicts token p + 1: z's tokens from the last prompt position on
+                    targets[b, len(x) - 1 : len(x) + len(z) - 1] = torch.tensor(z)
+                    valid[b, len(x) - 1 : len(x) + len(z) - 1] = True
+                logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
+                logp_sum[list(batch), j] = _token_logprob_sums(
+                    logits, targets.to(device), valid.to(device)
+                ).cpu()
+                processed += len(batch) * width
     return CrossScores(
         logp_sum=logp_sum,
         num_tokens=torch.tensor([len(z) for _, z in clean], dtype=torch.long),

@@ -4,6 +4,13 @@
 over prompts is uniform over those C columns. Every statistic exists per token (``L / |z_r|``, the
 un-suffixed keys) and per sequence (``_seq``).
 
+``contrast`` (``_seq``) is the matched log-likelihood minus the mean of the mismatched ones, ``mean_r (L[r,
+true] − mean_{j≠true} L[r, j])``: an estimate of the mean KL divergence between the reasoning distributions
+of two prompts, an upper bound on I(X;Z) that, unlike ``mi_est`` (at most log C), does not saturate. With
+every mismatched column Δ nats behind, ``mi_est = log C − log(1 + (C − 1) e^(−Δ))`` is within 0.1 of its
+ceiling once Δ > log(10 (C − 1)), while ``contrast`` is Δ itself: it sees the input dependence fall long
+before ``mi_est`` or retrieval can (docs/diagnostics.md, "What each proxy can see").
+
 Ties in retrieval are resolved conservatively: the true column's rank is
 ``1 + #(columns strictly greater) + #(other columns tied with it)``, i.e. the number of columns
 whose score is >= the true score. A row whose scores are all equal therefore ranks its prompt
@@ -38,6 +45,8 @@ METRIC_KEYS = (
     "marginal_std_seq",
     "mi_zscore",
     "mi_zscore_seq",
+    "contrast",
+    "contrast_seq",
 )
 
 
@@ -96,10 +105,21 @@ def true_rank(scores: Tensor, prompt_index: Tensor) -> Tensor:
     return (scores >= matched[:, None]).sum(dim=1)
 
 
+def contrast(scores: Tensor, prompt_index: Tensor) -> float:
+    """``mean_r (L[r, true] − mean_{j≠true} L[r, j])``; 0 with a single column (no mismatch to compare)."""
+    rows, cols = scores.shape
+    if cols < 2:
+        return 0.0
+    matched = scores[torch.arange(rows, device=scores.device), prompt_index]
+    mismatched = (scores.sum(dim=1) - matched) / (cols - 1)
+    return float((matched - mismatched).mean())
+
+
 def _family(scores: Tensor, prompt_index: Tensor, suffix: str) -> dict[str, float]:
     matched, marginal = matched_marginal(scores, prompt_index)
     sigma = float(marginal.std(correction=0))
     return {
+        f"contrast{suffix}": contrast(scores, prompt_index),
         f"mi_est{suffix}": float((matched - marginal).mean()),
         f"cond_entropy{suffix}": float(-matched.mean()),
         f"reasoning_entropy{suffix}": float(-marginal.mean()),

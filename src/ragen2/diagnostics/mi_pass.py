@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragen2.diagnostics.cross_scoring import cross_score
+from ragen2.diagnostics.exact import EXACT, exact_mi, grammar_logprobs
 from ragen2.diagnostics.metric import MIMetric
 from ragen2.diagnostics.regimes import KEYS, PassMetrics
 from ragen2.diagnostics.sampling import (
@@ -74,13 +75,15 @@ class CurvePass:
 
 @dataclass(frozen=True)
 class MIPass:
-    """One iteration's MI pass: each curve's ``CurvePass`` and what the pass cost."""
+    """One iteration's MI pass: each curve's ``CurvePass``, the exact figures where the env's reasoning has a
+    grammar (``diag/exact/*``, ``ragen2.diagnostics.exact``) and what the pass cost."""
 
     iteration: int
     curves: Mapping[str, CurvePass]
     tokens_processed: int = 0  # positions the model ran, all curves
     token_bound: int = 0  # the fewest it could have run (Σ over curves of ``CrossScores.token_bound``)
     seconds: float = 0.0
+    exact: Mapping[str, float] | None = None  # ``exact_mi``'s keys; None without ``diagnostics.exact``
 
     def regime_input(self, curve: str) -> PassMetrics | None:
         """``curve``'s numbers for the regimes, or None when the pass lacks the curve or its MI."""
@@ -93,11 +96,21 @@ class MIPass:
         out: dict[str, float] = {}
         for name, curve in self.curves.items():
             out.update(curve.as_metrics(name))
+        out.update({f"diag/{EXACT}/{k}": float(v) for k, v in (self.exact or {}).items()})
         out["diag/tokens_processed"] = float(self.tokens_processed)
         if self.token_bound:
             out["diag/token_bound_ratio"] = self.tokens_processed / self.token_bound
         out["time/diagnostics"] = self.seconds
         return out
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the exact figures read: the first prompts of the held-out instances and every sentence of the
+    env's reasoning grammar, each as the ids it is scored as (its text and ``</think>``)."""
+
+    prompts: Sequence[Sequence[int]]
+    sentences: Sequence[Sequence[int]]
 
 
 def measure_pass(
@@ -109,12 +122,17 @@ def measure_pass(
     seed: int,
     metrics: MutableMapping[str, MIMetric],
     heldout: Sequence[Trajectory] = (),
+    columns: Sequence[int] = (),
+    grammar: Grammar | None = None,
 ) -> MIPass:
     """The pass on (already gathered) trajectories: identical inputs give identical numbers and forwards.
 
     ``metrics`` holds one ``MIMetric`` per curve (their EMAs advance; a curve met for the first time gets
     a fresh one). ``heldout``: first-turn trajectories of fixed held-out instances, sampled for the pass
     (``diagnostics.heldout``); every one with a valid Z is a row of the ``heldout`` curve, none drawn out.
+    ``columns``: for each n, every curve with more than n prompts also gives ``<curve>_c<n>``, the proxies of
+    its rows under its first n prompts (a block of the same scores: no forward of its own), what a batch of
+    n prompts would read. ``grammar``: the exact figures (``ragen2.diagnostics.exact``) on its prompts.
     """
     start = time.perf_counter()
     found: dict[str, CurvePass] = {}
@@ -122,20 +140,27 @@ def measure_pass(
 
     def score(curve: str, rows: list[Row], valid: int) -> None:
         nonlocal processed, bound
-        columns = len({x for x, _ in rows})
-        if columns < 2:  # MI needs at least two distinct contexts with a valid Z
+        count = len({x for x, _ in rows})
+        if count < 2:  # MI needs at least two distinct contexts with a valid Z
             found[curve] = CurvePass(valid)
             return
         scores = cross_score(policy, rows)
-        metric = metrics.setdefault(curve, MIMetric())
-        metric.update(scores.logp_sum, scores.prompt_index, scores.num_tokens)
-        found[curve] = CurvePass(valid, len(rows), columns, metric.compute())
         processed += scores.tokens_processed
         bound += scores.token_bound
+        blocks = [(curve, count)] + [(f"{curve}_c{n}", n) for n in columns if 2 <= n < count]
+        for name, n in blocks:
+            # columns are the prompts in order of first appearance: the first n, and the rows that read them
+            kept = scores.prompt_index < n
+            metric = metrics.setdefault(name, MIMetric())
+            metric.update(scores.logp_sum[kept][:, :n], scores.prompt_index[kept], scores.num_tokens[kept])
+            found[name] = CurvePass(valid, int(kept.sum()), n, metric.compute())
 
     for curve in curves(modes, trajs):
         score(curve, *curve_rows(curve, trajs, budgets[mode_of(curve)], seed, iteration))
     if heldout:
         rows = turn_candidates(heldout, 1)
         score(HELDOUT, rows, len(rows))
-    return MIPass(iteration, found, processed, bound, time.perf_counter() - start)
+    exact = None
+    if grammar is not None:
+        exact = exact_mi(grammar_logprobs(policy, grammar.prompts, grammar.sentences))
+    return MIPass(iteration, found, processed, bound, time.perf_counter() - start, exact)

@@ -69,7 +69,7 @@ def _gguf_folder() -> Path:
     return folder
 
 
-def _build_once(name: str, build: Callable[[Path], None]) -> Path:
+def build_once(name: str, build: Callable[[Path], None]) -> Path:
     """Build ``cache_root()/name`` exactly once across processes: lock, build in a temp dir, rename.
 
     Under the lock, what an earlier builder left (the temp folder of a killed process, a target without
@@ -191,7 +191,7 @@ def skeleton(name_or_path: str) -> Any:
 def resolve_model_path(name_or_path: str) -> str:
     """Map the built-in names to their cache folders (building them once); pass anything else through."""
     if name_or_path in _BUILT_IN:
-        return str(_build_once(*_BUILT_IN[name_or_path]))
+        return str(build_once(*_BUILT_IN[name_or_path]))
     return name_or_path
 
 

@@ -332,3 +332,34 @@ def test_loss_scale() -> None:
         loss_scale(0.5, "log")
     with pytest.raises(ValueError, match="kept_ratio"):
         loss_scale(1.5, "linear")
+
+
+def test_random_drop_keeps_as_many_as_top_p_drawn_from_every_group() -> None:
+    # scores (4, 3, 2, 1, 0, 0): top_p 0.9 keeps the first three (4 + 3 + 2 = 9 ≥ 0.9 · 10 − 0.01), so
+    # random_drop keeps three groups, drawn from all six (zero-score groups too), the same for one seed
+    scores = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, 0.0])
+    assert select_groups(scores, "top_p", 0.9).tolist() == [True, True, True, False, False, False]
+    draws = [
+        select_groups(scores, "random_drop", 0.9, generator=torch.Generator().manual_seed(s))
+        for s in range(200)
+    ]
+    assert all(int(d.sum()) == 3 for d in draws)
+    # each group kept about half the time (3 of 6): a draw blind to the scores; sd over 200 draws ≈ 0.035
+    share = torch.stack(draws).double().mean(0)
+    assert torch.all((share - 0.5).abs() < 0.15), share
+    again = select_groups(scores, "random_drop", 0.9, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(again, draws[7])
+    with pytest.raises(ValueError, match="generator"):
+        select_groups(scores, "random_drop", 0.9)
+
+
+def test_the_filter_draws_from_its_seed_and_the_iteration() -> None:
+    from ragen2.data.group_filter import GroupFilter
+
+    f = GroupFilter(strategy="random_drop", value=0.9, seed=3)
+    scores = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, 0.0, 0.5, 0.25])
+    first, stats = f.select(scores, iteration=5)
+    assert int(first.sum()) == int(select_groups(scores, "top_p", 0.9).sum()) == stats["kept"]
+    assert torch.equal(f.select(scores, iteration=5)[0], first)  # a resumed run draws the same
+    others = [f.select(scores, iteration=i)[0] for i in range(6, 16)]
+    assert any(not torch.equal(o, first) for o in others)  # and each iteration draws anew

@@ -251,7 +251,7 @@ def test_the_held_out_instances_are_shared_out_in_rank_order(world: int) -> None
     from ragen2.data.evaluation import heldout_seeds
 
     held = HeldOut(num_seeds=5)
-    shares = [held.seeds(2, Ranks(rank, world)) for rank in range(world)]
+    shares = [held.seeds(held.all_seeds(2, None), Ranks(rank, world)) for rank in range(world)]
     assert [s for share in shares for s in share] == heldout_seeds(2, 5)
 
 

@@ -35,7 +35,7 @@ def _runner(env: EnvConfig, tokenizer: Any, max_new_tokens: int = 64) -> Episode
 
 
 def test_the_envs_with_a_solver_that_explains_its_moves() -> None:
-    assert demonstrable_envs() == ["bandit", "countdown", "frozenlake", "sokoban", "sokoban_8x8"]
+    assert demonstrable_envs() == ["bandit", "countdown", "frozenlake", "sokoban", "sokoban_8x8", "twohop"]
 
 
 def test_demonstration_seeds_are_no_training_or_held_out_instance() -> None:

@@ -167,8 +167,9 @@ def test_extract_reasoning(sampled: list[int], expected: list[int] | None) -> No
 
 def test_qwen_vocabulary_cached_equals_naive(tiny_qwen2, qwen_tokenizer) -> None:
     """Qwen2.5's 151,936-entry vocabulary: real ChatML prompts under the Qwen template and 4 distinct
-    reasonings that pack 4 × 95 = 380 positions into a column, so the head runs in chunks of 331 and 49
-    rows (``ragen2.algos.logprobs``); the naive scorer computes every pair's full logits at once."""
+    reasonings that pack 4 × 95 = 380 positions into a column, and the two columns (caches of one length) in
+    one forward, so the head runs on their 760 positions in chunks of 331, 331 and 98 rows
+    (``ragen2.algos.logprobs``); the naive scorer computes every pair's full logits at once."""
     from ragen2.agent import ChatRenderer
 
     renderer = ChatRenderer(qwen_tokenizer, "You walk on a frozen lake. Reach the goal G; avoid holes O.")
@@ -183,7 +184,7 @@ def test_qwen_vocabulary_cached_equals_naive(tiny_qwen2, qwen_tokenizer) -> None
     hook = tiny_qwen2.lm_head.register_forward_hook(lambda _m, args, _out: heads.append(args[0].shape[0]))
     cached = cross_score(tiny_qwen2, rows)
     hook.remove()
-    # per column: the prompt's cache (its last position's logits only), then the 380 positions in two chunks
-    assert heads == [1, 331, 49] * 2
+    # each prompt's cache (its last position's logits only), then both columns' 760 positions in three chunks
+    assert heads == [1, 1, 331, 331, 98]
     assert cached.tokens_processed < naive.tokens_processed
     torch.testing.assert_close(cached.logp_sum, naive.logp_sum, atol=1e-3, rtol=1e-5)  # sums of 95 terms ≈ 12

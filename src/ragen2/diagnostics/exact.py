@@ -1,0 +1,166 @@
+"""Exact I(X;Z) and H(Z|X) over a finite reasoning grammar (``diag/exact/*``; docs/diagnostics.md).
+
+Where an env holds the reasoning to a finite grammar (``TextEnv.reasoning_grammar``: every accepted
+reasoning listed), the policy's distribution over reasonings can be read whole, with no sampling and no
+proxy: for every prompt x of a fixed set and every sentence z of the grammar, ``log π(z + </think> | x)``,
+the probability that the sampled reasoning is exactly z (the closing tag included: a reasoning that goes on
+past z is another one). Renormalised over the grammar, ``q(z|x) = π(z|x) / Σ_z' π(z'|x)``; with the prompts
+uniform, ``q̄(z) = mean_x q(z|x)`` and
+
+* ``mi`` = I(X;Z) = mean_x Σ_z q(z|x) log(q(z|x) / q̄(z)), at most log P (P prompts) and log G (G sentences);
+* ``cond_entropy`` = H(Z|X) = −mean_x Σ_z q(z|x) log q(z|x); ``entropy`` = H(Z) = −Σ_z q̄(z) log q̄(z);
+* ``grammar_mass`` = mean_x Σ_z π(z|x): the policy's probability of writing a grammatical reasoning at all
+  (the rest is a format failure, and is not in the figures above).
+
+Each sentence is scored as the token ids its text encodes to. That is exact for a tokenizer that writes a
+sentence only one way (the organism's word-level vocabulary); under a BPE vocabulary the other spellings of a
+sentence count as mass outside the grammar.
+
+Cost: the sentences form a prefix tree, scored under each prompt in one forward of the tree's inner nodes
+(each node sees the prompt's cache and its own ancestors), from the prompt caches ``cross_score`` walks: Σ
+over prompts of the tree's inner nodes, 325 positions a prompt for the organism's 256 sentences of 4 tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from ragen2.algos.logprobs import token_stats
+from ragen2.diagnostics.cross_scoring import cache_batches, embedding_weight, scoring
+from ragen2.models.forward import lm_head
+from ragen2.models.kv import as_cache, cache_len
+
+EXACT = "exact"  # the figures' name: diag/exact/*
+EXACT_KEYS = ("mi", "cond_entropy", "entropy", "grammar_mass", "mi_upper_bound", "prompts", "sentences")
+
+
+@dataclass(frozen=True)
+class PrefixTree:
+    """The sentences' token ids as a tree: node 0 is the root (it stands for the prompt's last token); node
+    i > 0 is ``token[i]`` after its ``parent[i]``, at ``depth[i]`` tokens into a sentence."""
+
+    token: list[int]
+    parent: list[int]
+    depth: list[int]
+    leaf: list[int]  # the node that ends each sentence, in the sentences' order
+
+    @classmethod
+    def of(cls, sentences: Sequence[Sequence[int]]) -> PrefixTree:
+        tree = cls(token=[-1], parent=[-1], depth=[0], leaf=[])
+        children: dict[tuple[int, int], int] = {}
+        for ids in sentences:
+            if not ids:
+                raise ValueError(
+                    "a sentence of the grammar has no token ids; every sentence needs at least one"
+                )
+            node = 0
+            for t in ids:
+                key = (node, int(t))
+                if key not in children:
+                    children[key] = len(tree.token)
+                    tree.token.append(int(t))
+                    tree.parent.append(node)
+                    tree.depth.append(tree.depth[node] + 1)
+                node = children[key]
+            tree.leaf.append(node)
+        return tree
+
+    def inner(self) -> list[int]:
+        """The nodes with children: the positions a forward runs (the root included)."""
+        return sorted({p for p in self.parent[1:]})
+
+
+def _tree_mask(tree: PrefixTree, inner: list[int]) -> Tensor:
+    """[n, n] bool over the inner nodes: each sees its ancestors and itself."""
+    row = {node: i for i, node in enumerate(inner)}
+    allowed = torch.zeros(len(inner), len(inner), dtype=torch.bool)
+    for i, node in enumerate(inner):  # inner is sorted, and a parent's index is below its child's
+        if node:
+            allowed[i] = allowed[row[tree.parent[node]]]
+        allowed[i, i] = True
+    return allowed
+
+
+def _paths(tree: PrefixTree) -> Tensor:
+    """[G, nodes − 1] float64: 1 where a child node lies on a sentence's path (its log-prob sums them)."""
+    on_path = torch.zeros(len(tree.leaf), len(tree.token) - 1, dtype=torch.float64)
+    for g, node in enumerate(tree.leaf):
+        while node:
+            on_path[g, node - 1] = 1.0
+            node = tree.parent[node]
+    return on_path
+
+
+def grammar_logprobs(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    sentences: Sequence[Sequence[int]],
+    max_batch_positions: int = 16384,
+) -> Tensor:
+    """[P, G] float64 ``log π(sentence g | prompt p)``: each sentence's ids summed under teacher forcing.
+
+    The prompts' caches come from one walk of their prefix tree; prompts of one length then score the
+    sentence tree together, as many per forward as fit ``max_batch_positions`` (``cache_batches``)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("grammar_logprobs needs at least one prompt, each with at least one token id")
+    tree = PrefixTree.of(sentences)
+    inner = tree.inner()
+    row = {node: i for i, node in enumerate(inner)}
+    parent_rows = torch.tensor([row[p] for p in tree.parent[1:]])
+    targets = torch.tensor(tree.token[1:])
+    tree_mask, paths = _tree_mask(tree, inner), _paths(tree)
+    distinct = [tuple(int(t) for t in p) for p in prompts]
+    device = model.device
+    dtype = embedding_weight(model).dtype
+    out = torch.zeros(len(distinct), len(sentences), dtype=torch.float64)
+    columns = max(1, max_batch_positions // len(inner))
+    with scoring(model):
+        for rows, stacked, _ in cache_batches(model, distinct, "exact MI", columns):
+            past = cache_len(stacked)
+            inputs = torch.tensor([[distinct[j][-1], *(tree.token[n] for n in inner[1:])] for j in rows])
+            positions = torch.tensor([past + tree.depth[n] for n in inner]).expand(len(rows), -1)
+            allowed = torch.cat([torch.ones(len(inner), past, dtype=torch.bool), tree_mask], dim=1)
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            hidden = model.get_decoder()(
+                input_ids=inputs.to(device),
+                attention_mask=mask[None, None].expand(len(rows), 1, -1, -1).to(device),
+                position_ids=positions.to(device),
+                past_key_values=as_cache(stacked),
+                use_cache=True,
+            ).last_hidden_state  # [b, n, H]
+            picked = hidden[:, parent_rows.to(device)].reshape(-1, hidden.shape[-1])
+            logp, _ = token_stats(picked, targets.to(device).repeat(len(rows)), lm_head(model))
+            out[rows] = logp.double().cpu().view(len(rows), -1) @ paths.T
+    return out
+
+
+def exact_mi(logp: Tensor) -> dict[str, float]:
+    """``EXACT_KEYS`` from a [P, G] table of ``log π(z_g | x_p)`` (the module's docstring), in float64."""
+    if logp.dim() != 2 or logp.shape[0] < 1 or logp.shape[1] < 1:
+        raise ValueError(f"logp must be [prompts, sentences] with both ≥ 1, got {tuple(logp.shape)}")
+    logp = logp.double()
+    prompts, sentences = logp.shape
+    mass = torch.logsumexp(logp, dim=1)  # [P] log Σ_z π(z|x)
+    log_q = logp - mass[:, None]
+    log_qbar = torch.logsumexp(log_q, dim=0) - math.log(prompts)  # [G]
+    q = log_q.exp()
+    # 0 · log 0 = 0: a sentence the policy never writes under x adds nothing
+    plogp = torch.where(q > 0, q * log_q, torch.zeros_like(q))
+    cond_entropy = float(-plogp.sum(dim=1).mean())
+    qbar = log_qbar.exp()
+    entropy = float(-torch.where(qbar > 0, qbar * log_qbar, torch.zeros_like(qbar)).sum())
+    return {
+        "mi": entropy - cond_entropy,
+        "cond_entropy": cond_entropy,
+        "entropy": entropy,
+        "grammar_mass": float(mass.exp().mean()),
+        "mi_upper_bound": math.log(min(prompts, sentences)),
+        "prompts": float(prompts),
+        "sentences": float(sentences),
+    }
