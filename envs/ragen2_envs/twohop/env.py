@@ -70,6 +70,7 @@ class TwoHopEnv(TextEnv):
     def __init__(
         self,
         num_pairs: Annotated[int, Range(2, len(KEYS))] = 4,
+        num_keys: Annotated[int, Range(2, len(KEYS))] = 16,
         num_middles: Annotated[int, Range(2, MAX_MIDDLES)] = 16,
         num_values: Annotated[int, Range(2, MAX_VALUES)] = 16,
         num_styles: Annotated[int, Range(1, len(STYLES))] = 4,
@@ -80,11 +81,11 @@ class TwoHopEnv(TextEnv):
         render_mode: str | None = "ansi",
     ) -> None:
         super().__init__(render_mode=render_mode)
-        if num_pairs > num_middles or (hops == 2 and num_pairs > num_values):
+        if num_pairs > min(num_keys, num_middles, num_values):
             raise ValueError(
-                f"num_pairs={num_pairs} needs as many distinct middles (num_middles={num_middles}) and values "
-                f"(num_values={num_values}): each table row has its own. Fix: num_pairs ≤ "
-                f"{min(num_middles, num_values)}"
+                f"num_pairs={num_pairs} needs as many distinct keys (num_keys={num_keys}), middles "
+                f"(num_middles={num_middles}) and values (num_values={num_values}): each table row has its own. "
+                f"Fix: num_pairs ≤ {min(num_keys, num_middles, num_values)}"
             )
         if num_styles**2 * num_middles > MAX_GRAMMAR:
             raise ValueError(
@@ -93,6 +94,7 @@ class TwoHopEnv(TextEnv):
                 "fewer num_styles or num_middles"
             )
         self.num_pairs = num_pairs
+        self.num_keys = num_keys
         self.num_middles = num_middles
         self.num_values = num_values
         self.num_styles = num_styles
@@ -143,7 +145,7 @@ class TwoHopEnv(TextEnv):
         else:
             self.kind = "impossible"
         n = self.num_pairs
-        self.keys = [KEYS[int(i)] for i in sorted(rng.choice(len(KEYS), size=n, replace=False))]
+        self.keys = [KEYS[int(i)] for i in sorted(rng.choice(self.num_keys, size=n, replace=False))]
         self.middles = [middle(int(i)) for i in rng.choice(self.num_middles, size=n, replace=False)]
         values = [value(int(i)) for i in rng.choice(self.num_values, size=n, replace=False)]
         firsts = self.middles if self.hops == 2 else self.keys

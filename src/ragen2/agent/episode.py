@@ -49,6 +49,7 @@ class Episode:
     truncated: bool = False
     end_reason: str = ""  # "terminated" | "env_truncated" | "max_turns" | "context" | "env_timeout"
     success: bool = False
+    kind: str = ""  # the instance's kind, where the env sorts them (reset info "kind": TwoHop's learnable …)
 
     @property
     def token_ids(self) -> list[int]:
@@ -90,6 +91,7 @@ class Episode:
             "terminated": self.terminated,
             "truncated": self.truncated,
             "end_reason": self.end_reason,
+            **({"kind": self.kind} if self.kind else {}),
             "system_prompt": self.system_prompt,
             "turns": [
                 {

@@ -149,7 +149,8 @@ class EpisodeRunner:
                     self._grammar, self._grammar_read = None if grammar is None else frozenset(grammar), True
                 ep = Episode(env_id=self.env_id, seed=int(seed), group=g, sample=k, system_prompt="")
                 try:
-                    obs, _ = self._call(ep, "reset", env.reset, seed=int(seed), options={"sample": k})
+                    obs, info = self._call(ep, "reset", env.reset, seed=int(seed), options={"sample": k})
+                    ep.kind = str(info.get("kind", ""))
                 except EnvTimeout:
                     obs = None
                 shown = NO_OBSERVATION if obs is None else obs

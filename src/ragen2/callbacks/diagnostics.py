@@ -73,8 +73,54 @@ def _budgets(num_samples: int | Mapping[str, int], modes: Sequence[str]) -> dict
     return budgets
 
 
-#: held-out instances ``HeldOut.info`` may look through for each one it keeps
+#: held-out instances ``info`` may look through for each one it keeps
 SCAN_FACTOR = 100
+
+
+def matching_seeds(
+    run_seed: int, n: int, info: Mapping[str, Any] | None, source: RendersPrompts | None, key: str
+) -> list[int]:
+    """The first ``n`` held-out instance seeds whose reset info holds ``info`` (all of them without ``info``),
+    read from ``source``'s first prompts; every rank reads the same. ``key`` names the setting in errors."""
+    if not info:
+        return heldout_seeds(run_seed, n)
+    if source is None:
+        raise ConfigError(
+            f"{key}.info={dict(info)} reads each instance's reset info, which this run's data module does not "
+            f"render. Fix: {key}.info=null"
+        )
+    candidates = heldout_seeds(run_seed, n * SCAN_FACTOR)
+    kept: list[int] = []
+    for start in range(0, len(candidates), n):
+        chunk = candidates[start : start + n]
+        for seed, (_, reset) in zip(chunk, source.first_prompts(chunk)):
+            if all(reset.get(k) == v for k, v in info.items()) and len(kept) < n:
+                kept.append(seed)
+        if len(kept) == n:
+            return kept
+    raise ConfigError(
+        f"{key}.info={dict(info)}: only {len(kept)} of the first {len(candidates)} held-out instances match, "
+        f"fewer than the {n} asked for. Fix: values the env's reset info takes (TwoHop: {{kind: learnable}}), or "
+        "fewer instances"
+    )
+
+
+@dataclass(frozen=True)
+class Exact:
+    """``diagnostics.exact``: the exact figures (``diag/exact/*``) over held-out instances' prompts, for an env
+    whose reasoning has a grammar (``TextEnv.reasoning_grammar``)."""
+
+    num_prompts: int = 64
+    """Held-out instances whose first prompts are scored: the first of validation's that match ``info``."""
+    info: dict[str, Any] | None = None
+    """Keep only instances whose reset info holds these values (TwoHop: ``{kind: learnable}``); null: any."""
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 2:
+            raise ConfigError(
+                f"diagnostics.exact.num_prompts={self.num_prompts}: I(X;Z) compares prompts, so it needs at least "
+                "2. Fix: diagnostics.exact.num_prompts=64"
+            )
 
 
 @dataclass(frozen=True)
@@ -103,29 +149,8 @@ class HeldOut:
             )
 
     def all_seeds(self, run_seed: int, source: RendersPrompts | None) -> list[int]:
-        """The held-out instance seeds: the first ``num_seeds`` of validation's whose reset info matches
-        ``info`` (read from ``source``'s first prompts; every rank reads the same)."""
-        if not self.info:
-            return heldout_seeds(run_seed, self.num_seeds)
-        if source is None:
-            raise ConfigError(
-                f"diagnostics.heldout.info={self.info} reads each instance's reset info, which this run's data "
-                "module does not render. Fix: diagnostics.heldout.info=null"
-            )
-        candidates = heldout_seeds(run_seed, self.num_seeds * SCAN_FACTOR)
-        kept: list[int] = []
-        for start in range(0, len(candidates), self.num_seeds):
-            chunk = candidates[start : start + self.num_seeds]
-            for seed, (_, info) in zip(chunk, source.first_prompts(chunk)):
-                if all(info.get(k) == v for k, v in self.info.items()) and len(kept) < self.num_seeds:
-                    kept.append(seed)
-            if len(kept) == self.num_seeds:
-                return kept
-        raise ConfigError(
-            f"diagnostics.heldout.info={self.info}: only {len(kept)} of the first {len(candidates)} held-out "
-            f"instances match, fewer than diagnostics.heldout.num_seeds={self.num_seeds}. Fix: values the env's "
-            "reset info takes (TwoHop: {kind: learnable}), or fewer num_seeds"
-        )
+        """Every rank's held-out instance seeds (``matching_seeds``)."""
+        return matching_seeds(run_seed, self.num_seeds, self.info, source, "diagnostics.heldout")
 
     def seeds(self, every: list[int], ranks: Ranks) -> list[int]:
         """This rank's share of the held-out instance seeds ``every`` (rank-major order once gathered)."""
@@ -145,7 +170,7 @@ class MIDiagnostics(L.Callback):
         modes: Sequence[str] = ("first_turn",),
         heldout: HeldOut | Mapping[str, Any] | None = None,
         columns: Sequence[int] = (),
-        exact: bool = False,
+        exact: Exact | Mapping[str, Any] | None = None,
     ) -> None:
         if every_n_iterations < 0:
             raise ConfigError(
@@ -176,12 +201,7 @@ class MIDiagnostics(L.Callback):
                 "first n prompts, as diag/<curve>_c<n>/*). Fix: diagnostics.columns=[4,16], or [] for none"
             )
         self.columns = tuple(sorted(set(columns)))
-        if exact and self.heldout.num_seeds < 2:
-            raise ConfigError(
-                f"diagnostics.exact=true scores the held-out instances' prompts, and diagnostics.heldout.num_seeds="
-                f"{self.heldout.num_seeds} gives none. Fix: diagnostics.heldout.num_seeds=64"
-            )
-        self.exact = exact
+        self.exact = None if exact is None else settings(Exact, exact, "diagnostics.exact")
         self._heldout: list[int] | None = None  # the held-out seeds, read once
         self._grammar: Grammar | None = None  # the exact figures' prompts and sentences, read once
         # one metric (one EMA) per curve; turn_<t> metrics appear when a batch first reaches turn t
@@ -192,8 +212,9 @@ class MIDiagnostics(L.Callback):
         return self.enabled and every > 0 and iteration % every == 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """With ``exact``: refuse, before the first iteration, an env whose reasoning has no grammar."""
-        if self.exact and self.enabled:
+        """With ``exact``: refuse, before the first iteration, an env whose reasoning has no grammar (and read
+        its prompts and sentences once)."""
+        if self.exact is not None and self.enabled:
             self.grammar(prompt_source(getattr(trainer, "datamodule", None)))
 
     def heldout_seeds(self, source: RendersPrompts | None) -> list[int]:
@@ -204,15 +225,19 @@ class MIDiagnostics(L.Callback):
 
     def grammar(self, source: RendersPrompts | None) -> Grammar:
         """The exact figures' input: the held-out instances' first prompts and the grammar's sentences."""
+        assert self.exact is not None
         if self._grammar is None:
             sentences = None if source is None else source.grammar_ids()
             if source is None or sentences is None:
                 raise ConfigError(
-                    "diagnostics.exact=true enumerates the reasoning grammar of an env that holds its reasoning "
-                    "to one (TextEnv.reasoning_grammar), and this run's env has none. Fix: env=twohop, or "
-                    "diagnostics.exact=false"
+                    "diagnostics.exact enumerates the reasoning grammar of an env that holds its reasoning to one "
+                    "(TextEnv.reasoning_grammar), and this run's env has none. Fix: env=twohop, or "
+                    "diagnostics.exact=null"
                 )
-            prompts = [ids for ids, _ in source.first_prompts(self.heldout_seeds(source))]
+            seeds = matching_seeds(
+                self.seed, self.exact.num_prompts, self.exact.info, source, "diagnostics.exact"
+            )
+            prompts = [ids for ids, _ in source.first_prompts(seeds)]
             self._grammar = Grammar(prompts, sentences)
         return self._grammar
 
@@ -243,7 +268,7 @@ class MIDiagnostics(L.Callback):
             seeds = self.heldout.seeds(self.heldout_seeds(prompts), ranks)
             local = trajectories(sampler.first_turns(seeds, self.heldout.samples, self.seed))
             heldout = gather_trajectories(local, ranks)
-        grammar = self.grammar(prompts) if self.exact else None
+        grammar = self.grammar(prompts) if self.exact is not None else None
         return self.measure_trajectories(policy, gathered, batch.iteration, heldout, grammar)
 
     def measure_trajectories(

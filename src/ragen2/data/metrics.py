@@ -36,7 +36,15 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "format_penalty": _mean([sum(t.penalty for t in ep.turns) for ep in episodes]),
         "sequence_length": _mean([len(ep.token_ids) for ep in episodes]),
         **_token_entropy(episodes),
+        **_success_by_kind(episodes),
     }
+
+
+def _success_by_kind(episodes: Sequence[Episode]) -> dict[str, float]:
+    """``success_<kind>`` for each kind of instance the env names (``Episode.kind``): TwoHop's zero-variance
+    kinds would otherwise hide how the learnable ones fare."""
+    kinds = sorted({ep.kind for ep in episodes if ep.kind})
+    return {f"success_{k}": _mean([float(ep.success) for ep in episodes if ep.kind == k]) for k in kinds}
 
 
 def _token_entropy(episodes: Sequence[Episode]) -> dict[str, float]:

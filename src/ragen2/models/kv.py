@@ -221,6 +221,21 @@ def truncate(kv: KV | None, length: int) -> KV | None:
     return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
 
 
+def extend_rows(model: Any, kv: KV | None, rows: Sequence[Sequence[int]], who: str) -> list[KV]:
+    """The cache of ``kv``'s tokens followed by each of ``rows`` (each ≥ 1 token, all as long), from one forward
+    of the rows as a batch over ``kv`` (batch 1) expanded; each row's cache is batch 1."""
+    start, width = cache_len(kv), len(rows[0])
+    out = model(
+        input_ids=torch.tensor([list(r) for r in rows], device=model.device),
+        position_ids=torch.arange(start, start + width, device=model.device)[None].expand(len(rows), -1),
+        past_key_values=as_cache(kv, len(rows)),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    layers = cache_layers(out.past_key_values, who)
+    return [[(k[i : i + 1], v[i : i + 1]) for k, v in layers] for i in range(len(rows))]
+
+
 def extend(model: Any, kv: KV | None, ids: Sequence[int], who: str) -> KV | None:
     """The cache of ``kv``'s tokens followed by ``ids`` (batch 1); only keys/values are computed."""
     if not ids:

@@ -21,6 +21,9 @@ from ragen2.modules.estimators import AdvantageEstimator, KLInReward
 from ragen2.modules.objectives import PolicyObjective
 from ragen2.settings import settings
 
+#: where the update's old log-probs come from (``algo.old_logprobs``)
+OLD_LOGPROBS = ("recompute", "sampler")
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -116,6 +119,10 @@ class AlgoConfig:
     gradient norm (0 = skip them without stopping)."""
     tis: TISConfig = field(default_factory=TISConfig)
     """Truncated importance sampling of the policy loss by π_old/π_sampler (``algo.tis.cap``; off by default)."""
+    old_logprobs: str = "recompute"
+    """recompute: the old log-probs from a forward of the training model before the first step (the default,
+    whatever sampled); sampler: the sampler's own, saving that forward: exact up to rounding only when the
+    sampler runs the training model itself at its precision (rollout=hf on fp32, experiment=organism)."""
     sampling: Any = None
     """DAPO's dynamic sampling (``ragen2.data.DynamicSampling``), read by the DataModule."""
     shaping: Any = None
@@ -139,6 +146,7 @@ class AlgoConfig:
             ("loss_agg", self.loss_agg, AGG_MODES),
             ("kl_kind", self.kl_kind, KL_KINDS),
             ("loss_scaling", self.loss_scaling, LOSS_SCALINGS),
+            ("old_logprobs", self.old_logprobs, OLD_LOGPROBS),
         )
         for key, value, allowed in choices:
             if value not in allowed:
@@ -153,8 +161,9 @@ class AlgoConfig:
             (
                 "entropy_coef",
                 self.entropy_coef,
-                math.isfinite(self.entropy_coef),
-                "a finite number, e.g. 0.001",
+                math.isfinite(self.entropy_coef) and abs(self.entropy_coef) < 1,
+                "a number in (−1, 1), e.g. 0.001 (the loss adds −entropy_coef · entropy, a few nats a token: "
+                "at 1 the bonus outweighs any task term)",
             ),
             ("kl_coef", self.kl_coef, self.kl_coef >= 0, "≥ 0 (0 = no KL term in the loss)"),
             ("epochs", self.epochs, self.epochs >= 1, "≥ 1"),

@@ -67,6 +67,19 @@ Backward = Callable[[torch.Tensor], None]
 LARGE_GAP = 0.1  # |Δ log p| above which a sampled token counts in rollout/logprob_gap_large_share
 
 
+def _sampler_logprobs(batch: RolloutBatch) -> torch.Tensor:
+    """[B, T] the sampler's log-probs on the sampled tokens (0 elsewhere); a sampled token without one (NaN:
+    a scripted sampler's) is refused."""
+    sampled = batch.loss_mask.bool()
+    logp = batch.sampler_logprobs
+    if bool(torch.isnan(logp[sampled]).any()):
+        raise ValueError(
+            "algo.old_logprobs=sampler: the sampler recorded no log-probs for some sampled tokens. Fix: "
+            "algo.old_logprobs=recompute, or rollout=hf"
+        )
+    return torch.where(sampled, logp, torch.zeros_like(logp)).to(batch.loss_mask.dtype)
+
+
 class NonFiniteUpdate(RuntimeError):
     """``algo.max_nonfinite_steps`` optimizer steps in a row had a non-finite loss or gradient norm."""
 
@@ -232,6 +245,10 @@ class Update:
         pad = batch.select(torch.zeros(1, dtype=torch.long))
         old_logp = torch.zeros_like(train.loss_mask)
         known = torch.zeros(n, dtype=torch.bool, device=old_logp.device)
+        if self.algo.old_logprobs == "sampler" and self.critic is None:
+            # the sampler's own log-probs are the old ones: no forward (``AlgoConfig.old_logprobs``)
+            old_logp, known = _sampler_logprobs(train), torch.ones_like(known)
+            rest = rest[:0]
         values = ref_logp = None
         with torch.no_grad():  # every rank scores (padding passes included), even with no rows to score
             scored = self._score(self.policy, train, rest, pad, ranks, self.critic)

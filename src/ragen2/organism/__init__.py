@@ -17,7 +17,9 @@ first use (``ragen2.models.loading.build_once``) and gives its path.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from pathlib import Path
 
 import ragen2_envs
@@ -29,8 +31,6 @@ from ragen2.models.loading import build_once
 from ragen2.models.wordlevel import word_tokenizer
 
 ENV_ID = "ragen2/TwoHop-v0"
-#: the cache folder's name; a new layout of the model or its vocabulary takes a new name
-FOLDER = "organism-twohop-v1"
 #: the numbers a prompt can print (turns, actions left, token limits)
 NUMBERS = range(65)
 #: the settings the organism's prompts are rendered with (conf/experiment/organism.yaml): its phrases say them
@@ -112,9 +112,16 @@ def build(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def folder_name() -> str:
+    """The cache folder's name: a digest of the model's shape and the text its vocabulary is read from, so that
+    a change to either builds a new folder beside the old one."""
+    recipe = [HIDDEN, LAYERS, HEADS, FFN, MAX_POSITIONS, corpus(), phrases()]
+    return "organism-" + hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
+
+
 def folder() -> str:
     """The organism's model folder, built on first use."""
-    return str(build_once(FOLDER, build))
+    return str(build_once(folder_name(), build))
 
 
 #: the warm start shipped with ragen2: ``ragen2-warmstart`` on TwoHop's solver from ``folder()``

@@ -44,7 +44,7 @@ from ragen2.models.kv import (
     KV,
     PreallocatedLayer,
     cache_layers,
-    extend,
+    extend_rows,
     grouped_query_attention,
     preallocated_cache,
     write_at,
@@ -335,13 +335,17 @@ class HFSampler:
         self._held_version = weights_version(self.model)
         return out
 
-    def _extend(self, source: _Prefix | None, ids: Sequence[int]) -> _Prefix:
-        """Batch-1 prefill of ``ids`` on top of ``source``."""
+    def _extend_all(self, source: _Prefix | None, rows: Sequence[Sequence[int]]) -> list[_Prefix]:
+        """The prefill of each of ``rows`` (as long as each other) on top of ``source``, in one forward."""
         start = 0 if source is None else len(source.ids)
-        kv = extend(self.model, None if source is None else source.kv, ids[start:], "HFSampler prefix reuse")
-        assert kv is not None  # a prompt leaves ≥ 1 new token past any held prefix
-        self.tokens_prefilled += len(ids) - start
-        return _Prefix(tuple(ids), kv)
+        kvs = extend_rows(
+            self.model,
+            None if source is None else source.kv,
+            [r[start:] for r in rows],
+            "HFSampler prefix reuse",
+        )
+        self.tokens_prefilled += sum(len(r) - start for r in rows)
+        return [_Prefix(tuple(r), kv) for r, kv in zip(rows, kvs, strict=True)]
 
     def _sources(self, prompts: Sequence[Sequence[int]]) -> list[_Prefix | None]:
         """Each prompt's cached prefix: a held sequence it extends, or a shared prefill of a repeated prompt."""
@@ -350,11 +354,19 @@ class HFSampler:
         counts: dict[tuple[int, ...], int] = {}
         for p in prompts:
             counts[tuple(p)] = counts.get(tuple(p), 0) + 1
-        shared: dict[tuple[int, ...], _Prefix] = {}
+        # each repeated prompt (a group's) prefilled once, minus its last token; prompts that extend one source
+        # by as many tokens are prefilled together, one batched forward
+        batches: dict[tuple[int, int], list[tuple[tuple[int, ...], _Prefix | None]]] = {}
         for p, n in counts.items():
             source = _longest_source(p, self._held)
-            if n > 1 and len(p) - 1 > (0 if source is None else len(source.ids)):
-                shared[p] = self._extend(source, p[:-1])  # once for the whole group
+            start = 0 if source is None else len(source.ids)
+            if n > 1 and len(p) - 1 > start:
+                batches.setdefault((id(source), len(p) - 1 - start), []).append((p, source))
+        shared: dict[tuple[int, ...], _Prefix] = {}
+        for batch in batches.values():
+            shared.update(
+                zip([p for p, _ in batch], self._extend_all(batch[0][1], [p[:-1] for p, _ in batch]))
+            )
         return [shared.get(tuple(p)) or _longest_source(p, self._held) for p in prompts]
 
     def _mode(self, device: torch.device) -> str:

@@ -270,3 +270,60 @@ def test_the_held_out_instances_are_shared_out_in_rank_order(world: int) -> None
 def test_bad_heldout_settings_name_the_key_and_the_fix(heldout: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         MIDiagnostics(heldout=heldout)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"exact": {"num_prompts": 1}},
+            r"diagnostics\.exact\.num_prompts=1: .*Fix: diagnostics\.exact\.num_prompts=64",
+        ),
+        ({"exact": {"prompts": 64}}, r"diagnostics\.exact\.prompts"),
+        ({"columns": [4, 1]}, r"diagnostics\.columns=\[4, 1\] .*Fix: diagnostics\.columns=\[4,16\]"),
+        ({"columns": "4"}, r"diagnostics\.columns='4'"),
+    ],
+)
+def test_bad_exact_and_columns_settings_name_the_key_and_the_fix(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        MIDiagnostics(**kwargs)
+
+
+class _Prompts:
+    """A data module's ``RendersPrompts``: seed s renders [s] with reset info {"kind": even/odd}."""
+
+    def __init__(self, grammar: list[list[int]] | None) -> None:
+        self.grammar = grammar
+
+    def first_prompts(self, seeds):
+        return [([7, int(s) % 50], {"kind": "even" if s % 2 == 0 else "odd"}) for s in seeds]
+
+    def grammar_ids(self):
+        return self.grammar
+
+
+def test_held_out_instances_are_chosen_by_their_reset_info() -> None:
+    from ragen2.callbacks.diagnostics import matching_seeds
+    from ragen2.data.evaluation import heldout_seeds
+
+    every = heldout_seeds(3, 40)
+    odd = matching_seeds(3, 5, {"kind": "odd"}, _Prompts(None), "diagnostics.exact")
+    assert odd == [s for s in every if s % 2][:5]
+    assert matching_seeds(3, 5, None, None, "diagnostics.exact") == every[:5]
+    with pytest.raises(
+        ConfigError, match=r"diagnostics\.exact\.info=\{'kind': 'none'\}: only 0 of the first 500"
+    ):
+        matching_seeds(3, 5, {"kind": "none"}, _Prompts(None), "diagnostics.exact")
+
+
+def test_the_exact_figures_need_an_env_with_a_grammar(small_llama, batch: RolloutBatch) -> None:
+    callback = MIDiagnostics(exact={"num_prompts": 4, "info": {"kind": "even"}})
+    with pytest.raises(ConfigError, match=r"diagnostics\.exact .*has none\. Fix: env=twohop"):
+        callback.grammar(_Prompts(None))
+    # with one, the pass logs diag/exact/* over the 4 even held-out prompts and the grammar's 3 sentences
+    out = MIDiagnostics(exact={"num_prompts": 4, "info": {"kind": "even"}})
+    found = out.measure_trajectories(small_llama, [], 0, grammar=out.grammar(_Prompts([[1, 2], [3], [1, 4]])))
+    metrics = found.as_metrics()
+    assert metrics["diag/exact/prompts"] == 4 and metrics["diag/exact/sentences"] == 3
+    assert 0 <= metrics["diag/exact/mi"] <= math.log(3) + 1e-9
+    assert 0 < metrics["diag/exact/grammar_mass"] <= 1

@@ -1,4 +1,5 @@
-"""The iteration's groups by outcome and the spread of their reward variance (``group_metrics``)."""
+"""The iteration's groups by outcome and the spread of their reward variance (``group_metrics``); success per kind
+of instance (``rollout_metrics``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from helpers import episode, turn
 
 from ragen2.agent.episode import Episode
-from ragen2.data.metrics import group_metrics
+from ragen2.data.metrics import group_metrics, rollout_metrics
 
 
 def _episode(group: int, sample: int, reward: float, success: bool, penalty: float = 0.0) -> Episode:
@@ -46,3 +47,25 @@ def test_a_batch_without_reward_variance_and_one_without_groups() -> None:
     # a group of one rollout: all-success or all-fail, never mixed, RV 0
     assert group_metrics([[_episode(0, 0, 1.0, True)]])["groups_all_success"] == 1.0
     assert group_metrics([]) == {}
+
+
+def test_success_is_counted_per_kind_of_instance() -> None:
+    # 2 learnable episodes (one wins), 3 easy (all win), 1 without a kind: success_learnable 1/2,
+    # success_easy 1; an episode without a kind (an env that names none) counts only in success
+    eps = []
+    for kind, won in [
+        ("learnable", True),
+        ("learnable", False),
+        ("easy", True),
+        ("easy", True),
+        ("easy", True),
+        ("", False),
+    ]:
+        ep = episode(len(eps), [turn([1, 2], [3])])
+        ep.kind, ep.success = kind, won
+        eps.append(ep)
+    out = rollout_metrics(eps)
+    assert out["success_learnable"] == 0.5 and out["success_easy"] == 1.0
+    assert out["success"] == pytest.approx(4 / 6)
+    assert not any(k.startswith("success_") and k not in ("success_learnable", "success_easy") for k in out)
+    assert eps[0].to_record()["kind"] == "learnable" and "kind" not in eps[5].to_record()

@@ -217,3 +217,38 @@ def test_the_effective_reward_is_the_mean_return_of_rows_with_an_advantage() -> 
     )
     out = update.run(flat, optimizer, scheduler, torch.Tensor.backward, RunState())
     assert out["train/effective_rows"] == 0.0 and "train/effective_reward" not in out
+
+
+def test_the_sampler_s_log_probs_stand_for_the_old_ones_without_a_forward() -> None:
+    # algo.old_logprobs=sampler: every row's old log-probs are the batch's sampler log-probs (the helpers' turns
+    # record −0.5 a token), all known up front, and the scoring forward never runs
+    policy = load_model("tiny")
+    calls: list[int] = []
+    hook = policy.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    update = Update(make_algo("algo.old_logprobs=sampler"), policy)
+    batch = make_batch()
+    inputs = update.prepare(batch, torch.arange(8), on_policy=torch.tensor([0, 5]), kl_reward=None)
+    hook.remove()
+    assert calls == [] and bool(inputs.known.all())
+    torch.testing.assert_close(inputs.old_logp, -0.5 * batch.loss_mask)
+    # a token the sampler gave no log-prob (NaN) is refused, naming the setting and the fix
+    nan = dataclasses.replace(batch, sampler_logprobs=torch.full_like(batch.sampler_logprobs, float("nan")))
+    with pytest.raises(ValueError, match=r"algo\.old_logprobs=sampler.*Fix: algo\.old_logprobs=recompute"):
+        update.prepare(nan, torch.arange(8), on_policy=torch.tensor([0]), kl_reward=None)
+
+
+def test_an_unknown_source_of_old_log_probs_is_refused() -> None:
+    from ragen2.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algo\.old_logprobs='vllm' is unknown"):
+        make_algo("algo.old_logprobs=vllm")
+
+
+@pytest.mark.parametrize("coef", ["1.0", "-2.5"])
+def test_an_entropy_bonus_out_of_range_is_refused(coef: str) -> None:
+    from ragen2.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=rf"algo\.entropy_coef={coef} is out of range\. Fix: algo\.entropy_coef a number in"
+    ):
+        make_algo(f"algo.entropy_coef={coef}")
