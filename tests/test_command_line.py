@@ -154,5 +154,5 @@ def test_a_warm_start_config_error_is_one_line(tmp_path: Path) -> None:
         "ragen2-warmstart: env.id=ragen2/MetaMathQA-v0 has no solver that explains its moves"
     )
     assert line.endswith(
-        "Fix: one of env=bandit, env=countdown, env=frozenlake, env=sokoban, env=sokoban_8x8"
+        "Fix: one of env=bandit, env=countdown, env=frozenlake, env=sokoban, env=sokoban_8x8, env=twohop"
     )

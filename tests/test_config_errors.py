@@ -344,7 +344,7 @@ WARMSTART_BAD = [
     (
         ["env=metamathqa"],
         r"^env\.id=ragen2/MetaMathQA-v0 has no solver that explains its moves .*Fix: one of env=bandit, "
-        r"env=countdown, env=frozenlake, env=sokoban, env=sokoban_8x8$",
+        r"env=countdown, env=frozenlake, env=sokoban, env=sokoban_8x8, env=twohop$",
     ),
     (
         ["demos.reply='{reasoning}<answer>{oracle}</answer>'"],

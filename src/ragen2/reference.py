@@ -19,7 +19,7 @@ import re
 import textwrap
 from typing import Any
 
-from ragen2.callbacks.diagnostics import HeldOut
+from ragen2.callbacks.diagnostics import Exact, HeldOut
 from ragen2.data.demos import DemoConfig
 from ragen2.data.group_filter import GroupFilter
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
@@ -49,6 +49,7 @@ NODES: tuple[tuple[str, type], ...] = (
     ("demos", DemoConfig),
     ("sft", SFTConfig),
     ("diagnostics.heldout", HeldOut),
+    ("diagnostics.exact", Exact),
 )
 
 _INTRO = """\

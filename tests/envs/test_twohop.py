@@ -22,8 +22,8 @@ def tables(obs: str) -> dict[str, str]:
 
 
 def pairs(row: str) -> dict[str, str]:
-    words = row.split()
-    return dict(zip(words[::2], words[1::2]))
+    """A table's ``a=b`` rows as a mapping."""
+    return dict(cell.split("=") for cell in row.split())
 
 
 def test_check_env_passes() -> None:
@@ -40,11 +40,10 @@ def test_the_answer_is_two_lookups_away_and_earns_one() -> None:
         expected = {"kind": "learnable", "middle": middle, "solvable": True}
         assert info == {**expected, "action_is_valid": True, "success": False}
         assert env.oracle_action() == answer
-        # the solver's reasoning names the middle between two style words of the grammar
+        # the solver's reasoning: a style word, the middle and the answer, a sentence of the grammar
         reasoning = env.oracle_reasoning([answer])
-        assert (
-            reasoning is not None and reasoning.split()[1] == middle and reasoning in env.reasoning_grammar()
-        )
+        assert reasoning is not None and reasoning.split()[1:] == [middle, answer]
+        assert reasoning in env.reasoning_grammar()
         wrong = next(v for v in pairs(t["links"]).values() if v != answer)
         assert env.step(wrong)[1:4] == (0.0, True, False)
         env.reset(seed=seed)
@@ -125,12 +124,12 @@ def test_the_negative_control_needs_no_middle() -> None:
     assert "values maps each key to a value" in env.instructions
 
 
-def test_the_grammar_is_styles_around_a_middle() -> None:
-    g = make(num_styles=3, num_middles=5).reasoning_grammar()
-    assert len(g) == 3 * 5 * 3 and len(set(g)) == len(g)
-    assert g[0] == "so m0 so" and g[-1] == "then m4 then"
-    assert all(w.split()[0] in STYLES[:3] and w.split()[2] in STYLES[:3] for w in g)
-    assert grammar(3, 5) is grammar(3, 5)  # built once per shape
+def test_the_grammar_is_a_style_a_middle_and_a_value() -> None:
+    g = make(num_styles=3, num_middles=5, num_values=4).reasoning_grammar()
+    assert len(g) == 3 * 5 * 4 and len(set(g)) == len(g)
+    assert g[0] == "so m0 v0" and g[1] == "so m0 v1" and g[-1] == "then m4 v3"
+    assert all(w.split()[0] in STYLES[:3] for w in g)
+    assert grammar(3, 5, 4) is grammar(3, 5, 4)  # built once per shape
 
 
 @pytest.mark.parametrize(
@@ -140,8 +139,9 @@ def test_the_grammar_is_styles_around_a_middle() -> None:
         ({"zero_variance_share": -0.1}, "zero_variance_share"),
         ({"reward_noise": 0.6}, "reward_noise"),
         ({"hops": 3}, "hops"),
-        ({"num_styles": 8, "num_middles": 32, "num_pairs": 4}, "num_styles"),
+        ({"num_styles": 2, "num_middles": 32, "num_values": 32}, "num_styles"),
         ({"num_pairs": 6, "num_middles": 4}, "num_pairs"),
+        ({"num_pairs": 6, "num_keys": 4}, "num_pairs"),
     ],
 )
 def test_bad_knobs_are_refused_naming_the_key(kwargs: dict[str, object], key: str) -> None:
@@ -150,20 +150,20 @@ def test_bad_knobs_are_refused_naming_the_key(kwargs: dict[str, object], key: st
 
 
 def test_the_largest_grammar_fits_the_limit() -> None:
-    assert (
-        8 * 8 * 32 > MAX_GRAMMAR >= 4 * 4 * 32
-    )  # the limit refuses 8 styles with 32 middles, takes 4 with 32
+    # the limit refuses 2 styles with 32 middles and 32 values, and takes that shape with one style
+    assert 2 * 32 * 32 > MAX_GRAMMAR >= 1 * 32 * 32
+    assert len(make(num_styles=1, num_middles=32, num_values=32).reasoning_grammar()) == MAX_GRAMMAR
 
 
 def test_the_agent_holds_the_reasoning_to_the_grammar() -> None:
     g = frozenset(make().reasoning_grammar())
-    reply = " so m3 well </think> <answer> v4 </answer> <|im_end|>"
+    reply = " so m3 v4 </think> <answer> v4 </answer> <|im_end|>"
     ok = parse_turn(reply, 1, ("<|im_end|>",), g)
     assert ok.format_ok and ok.actions == ["v4"]
     for bad in [
         "so m3 </think><answer>v4</answer>",
-        "so m3 well well</think><answer>v4</answer>",
-        "so m99 well</think><answer>v4</answer>",
+        "so m3 v4 v4</think><answer>v4</answer>",
+        "so m99 v4</think><answer>v4</answer>",
         "I think m3</think><answer>v4</answer>",
     ]:
         parsed = parse_turn(bad, 1, (), g)

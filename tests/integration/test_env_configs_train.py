@@ -9,6 +9,15 @@ import pytest
 from ragen2.config import CONF_DIR
 
 ENV_CONFIGS = sorted(p.stem for p in (CONF_DIR / "env").glob("*.yaml"))
+# an env that holds the reasoning to a grammar takes only its solver's reasoning as well-formed; TwoHop's first
+# seeds are impossible instances (no solver move) at its default share of them
+EXTRA = {
+    "twohop": [
+        "env.kwargs.zero_variance_share=0",
+        "rollout.sampler.responses=['{reasoning}</think><answer>{oracle}</answer>',"
+        "'{reasoning}</think><answer>v0</answer>','free words</think><answer>{oracle}</answer>']",
+    ]
+}
 
 
 @pytest.mark.slow
@@ -20,6 +29,7 @@ def test_env_config_trains_one_iteration(env: str, train, tmp_path: Path) -> Non
         "rollout.groups=2",
         "rollout.group_size=3",
         "algo.mini_batch_size=6",
+        *EXTRA.get(env, []),
     ]
     metrics, cfg = train(overrides, name=env)
     assert metrics["rollout/turns"] >= 1

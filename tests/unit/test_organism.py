@@ -53,7 +53,7 @@ def test_the_folder_loads_through_the_normal_model_path(folder: str) -> None:
         {},
         {"hops": 1},
         {"num_pairs": 2, "zero_variance_share": 0.5},
-        {"num_pairs": 16, "num_middles": 32, "num_values": 32, "num_styles": 2},
+        {"num_pairs": 16, "num_middles": 32, "num_values": 32, "num_styles": 1},
     ],
 )
 def test_its_words_cover_every_prompt(folder: str, kwargs: dict) -> None:
@@ -61,9 +61,12 @@ def test_its_words_cover_every_prompt(folder: str, kwargs: dict) -> None:
     prompts = runner(tokenizer, **kwargs).first_prompts(range(40))
     unknown = tokenizer.unk_token_id
     assert all(unknown not in ids for ids, _ in prompts)
-    # the protocol's fixed sentences are one token each: a 4-row prompt is about 40 tokens, not 160
+    # the protocol's fixed sentences and the default tables' rows are one token each: a 4-row prompt is about
+    # 30 tokens, not 160, and each row is one token
     if not kwargs:
-        assert max(len(ids) for ids, _ in prompts) < 50
+        assert max(len(ids) for ids, _ in prompts) < 35
+        words = tokenizer.convert_ids_to_tokens(prompts[0][0])
+        assert sum("=" in w and len(w) > 1 for w in words) == 8  # 4 keys rows, 4 links rows
     # other settings change the rule's text: it splits into words, all still known
     longer = runner(tokenizer, max_new_tokens=12, **kwargs).first_prompts(range(5))
     assert all(unknown not in ids and len(ids) > len(prompts[0][0]) for ids, _ in longer)
@@ -75,7 +78,7 @@ def test_each_sentence_of_the_grammar_encodes_one_way(folder: str) -> None:
     ids = runner(tokenizer).grammar_ids()
     assert ids is not None and len(ids) == len(grammar) == len({tuple(i) for i in ids})
     for sentence, sentence_ids in zip(grammar, ids):
-        assert len(sentence_ids) == 4  # style, middle, style, </think>
+        assert len(sentence_ids) == 4  # style, middle, value, </think>
         assert " ".join(tokenizer.decode(sentence_ids[:3]).split()) == sentence
 
 

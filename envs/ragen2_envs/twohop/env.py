@@ -1,12 +1,15 @@
 """TwoHop: a model organism of template collapse (single turn), where reasoning must carry the input.
 
-The observation holds two tables and a query. With ``hops=2`` (the organism proper): a ``keys`` table (key →
-middle), a ``links`` table (middle → value, rows in another order) and a query key; the answer is the value of
-the query's middle. The reasoning is held to a finite grammar (``reasoning_grammar``): ``<style> <middle>
-<style>``, with ``num_styles`` style words and ``num_middles`` middle symbols, so that every reasoning can be
-enumerated and I(X;Z) computed exactly. The middle slot is where the reasoning reads the input (a small model
-cannot compose two lookups in one forward pass: writing the middle down is one hop at a time); the style
-slots carry entropy that owes nothing to the input, so H(Z|X) can stay high while I(X;Z) falls: template
+The observation holds two tables and a query. With ``hops=2`` (the organism proper): a ``keys`` table of
+``key=middle`` rows, a ``links`` table of ``middle=value`` rows (in another order) and a query key; the answer is
+the value of the query's middle. The reasoning is held to a finite grammar (``reasoning_grammar``): ``<style> <middle>
+<value>``, with ``num_styles`` style words, ``num_middles`` middles and ``num_values`` values, so that every
+reasoning can be enumerated and I(X;Z) computed exactly. The middle and the value are where the reasoning
+reads the input, one lookup each. The organism's tokenizer reads a row as one token, so a lookup is one
+attention step: the 2-layer organism model brings the query key into place and finds its row (two steps), then
+finds the middle's row from the middle it just wrote, and copies the value it wrote into its answer; without
+the reasoning it would need three steps in a row (docs/organism.md shows its answer follows the reasoning). The style
+word carries entropy that owes nothing to the input, so H(Z|X) can stay high while I(X;Z) falls: template
 collapse, on purpose.
 
 Each instance is one of three kinds (``info["kind"]``), drawn from ``np_random``:
@@ -18,8 +21,8 @@ Each instance is one of three kinds (``info["kind"]``), drawn from ``np_random``
 
 ``zero_variance_share`` (p₀) is the share of easy and impossible instances, ``easy_share`` the easy ones' part
 of it. ``reward_noise`` flips a reward (1 ↔ 0) with that probability, drawn from ``dynamics_rng``. ``hops=1``
-is the negative control: the second table maps keys straight to values, so the answer needs no middle (the
-solver's reasoning still names it).
+is the negative control: the second table maps keys straight to values, so the answer needs no reasoning (the
+solver's reasoning still names the query's middle and the answer).
 
 Reward 1 for the right value (``success``), else 0; a word that is no value is an invalid action (0, the turn's
 format penalty is the agent's). One valid answer ends the episode.
@@ -40,17 +43,17 @@ STYLES = ("so", "well", "then", "now", "ok", "hmm", "right", "thus")
 KEYS = tuple("ABCDEFGHIJKLMNOP")
 MAX_MIDDLES = 32
 MAX_VALUES = 32
-#: the largest reasoning grammar (num_styles² × num_middles): the exact MI scores every sentence under every
-#: held-out prompt at each MI pass
+#: the largest reasoning grammar (num_styles × num_middles × num_values): the exact MI scores every sentence
+#: under every held-out prompt at each MI pass
 MAX_GRAMMAR = 1024
 KINDS = ("learnable", "easy", "impossible")
 
 
 @functools.cache
-def grammar(num_styles: int, num_middles: int) -> tuple[str, ...]:
-    """Every reasoning TwoHop accepts: ``<style> <middle> <style>``, styles outermost in the order listed."""
-    styles = STYLES[:num_styles]
-    return tuple(f"{a} {middle(m)} {b}" for a, m, b in itertools.product(styles, range(num_middles), styles))
+def grammar(num_styles: int, num_middles: int, num_values: int) -> tuple[str, ...]:
+    """Every reasoning TwoHop accepts: ``<style> <middle> <value>``, in the order of styles, then middles."""
+    product = itertools.product(STYLES[:num_styles], range(num_middles), range(num_values))
+    return tuple(f"{style} {middle(m)} {value(v)}" for style, m, v in product)
 
 
 def middle(i: int) -> str:
@@ -62,7 +65,7 @@ def value(i: int) -> str:
 
 
 class TwoHopEnv(TextEnv):
-    """Answer the value two lookups away from the query key; reason in ``<style> <middle> <style>``."""
+    """Answer the value two lookups away from the query key; reason in ``<style> <middle> <value>``."""
 
     default_max_turns: ClassVar[int] = 1
     default_max_actions_per_turn: ClassVar[int] = 1
@@ -73,7 +76,7 @@ class TwoHopEnv(TextEnv):
         num_keys: Annotated[int, Range(2, len(KEYS))] = 16,
         num_middles: Annotated[int, Range(2, MAX_MIDDLES)] = 16,
         num_values: Annotated[int, Range(2, MAX_VALUES)] = 16,
-        num_styles: Annotated[int, Range(1, len(STYLES))] = 4,
+        num_styles: Annotated[int, Range(1, len(STYLES))] = 2,
         zero_variance_share: Annotated[float, Range(0.0, 1.0, high_open=True)] = 0.75,
         easy_share: Annotated[float, Range(0.0, 1.0)] = 0.5,
         reward_noise: Annotated[float, Range(0.0, 0.5)] = 0.0,
@@ -87,11 +90,12 @@ class TwoHopEnv(TextEnv):
                 f"(num_middles={num_middles}) and values (num_values={num_values}): each table row has its own. "
                 f"Fix: num_pairs ≤ {min(num_keys, num_middles, num_values)}"
             )
-        if num_styles**2 * num_middles > MAX_GRAMMAR:
+        sentences = num_styles * num_middles * num_values
+        if sentences > MAX_GRAMMAR:
             raise ValueError(
-                f"num_styles={num_styles} and num_middles={num_middles} make {num_styles**2 * num_middles} "
-                f"reasonings (num_styles² × num_middles), over the {MAX_GRAMMAR} the exact MI enumerates. Fix: "
-                "fewer num_styles or num_middles"
+                f"num_styles={num_styles}, num_middles={num_middles} and num_values={num_values} make {sentences} "
+                f"reasonings (their product), over the {MAX_GRAMMAR} the exact MI enumerates. Fix: fewer "
+                "num_styles, num_middles or num_values"
             )
         self.num_pairs = num_pairs
         self.num_keys = num_keys
@@ -102,7 +106,7 @@ class TwoHopEnv(TextEnv):
         self.easy_share = float(easy_share)
         self.reward_noise = float(reward_noise)
         self.hops = hops
-        self._grammar = grammar(num_styles, num_middles)
+        self._grammar = grammar(num_styles, num_middles, num_values)
         self.kind = "learnable"
         self.keys: list[str] = []
         self.middles: list[str] = []  # the middle of each key, in the keys table's order
@@ -117,7 +121,7 @@ class TwoHopEnv(TextEnv):
         second = "links maps each middle to a value" if self.hops == 2 else "values maps each key to a value"
         return (
             f"Find the value of the query. keys maps each key to a middle; {second}. "
-            "Reason in three words: a style word, the middle of the query, a style word. "
+            "Reason in three words: a style word, the middle of the query, its value. "
             "Then answer the value."
         )
 
@@ -127,9 +131,9 @@ class TwoHopEnv(TextEnv):
     def render_state(self) -> str:
         if self.result:
             return self.result
-        keys = " ".join(f"{k} {m}" for k, m in zip(self.keys, self.middles))
+        keys = " ".join(f"{k}={m}" for k, m in zip(self.keys, self.middles))
         name = "links" if self.hops == 2 else "values"
-        second = " ".join(f"{a} {b}" for a, b in self.second)
+        second = " ".join(f"{a}={b}" for a, b in self.second)
         query = {"learnable": self.query, "easy": f"{self.query} = {self.answer}", "impossible": "?"}[
             self.kind
         ]
@@ -177,12 +181,12 @@ class TwoHopEnv(TextEnv):
         return None if self.done or self.kind == "impossible" else self.answer
 
     def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
-        """Two style words drawn from ``dynamics_rng`` (so demonstrations spread over every style) around the
-        query's middle: the one word of the reasoning that reads the input."""
+        """A style word drawn from ``dynamics_rng`` (so demonstrations spread over every style), then the query's
+        middle and the answer: the two words of the reasoning that read the input."""
         if not actions or self.kind == "impossible":
             return None
-        first, last = (STYLES[int(i)] for i in self.dynamics_rng.integers(self.num_styles, size=2))
-        return f"{first} {self.middles[self.keys.index(self.query)]} {last}"
+        style = STYLES[int(self.dynamics_rng.integers(self.num_styles))]
+        return f"{style} {self.middles[self.keys.index(self.query)]} {self.answer}"
 
 
 def _is_value(word: str, num_values: int) -> bool:

@@ -13,10 +13,17 @@ import torch
 __all__ = ["local_rows", "micro_batch_share", "micro_batches", "minibatch_order", "row_weights"]
 
 
-def minibatch_order(n: int, size: int, epochs: int, seed: int) -> list[list[torch.Tensor]]:
-    """Per epoch, a seeded shuffle of rows 0..n−1 split into mini-batches of ``size`` (the last may be short)."""
+def minibatch_order(n: int, size: int, epochs: int, seed: int, block: int = 1) -> list[list[torch.Tensor]]:
+    """Per epoch, a seeded shuffle of rows 0..n−1 split into mini-batches of ``size`` (the last may be short).
+
+    ``block`` > 1 shuffles runs of ``block`` consecutive rows (a group's rollouts, ``algo.minibatch=groups``)
+    instead of rows, so a mini-batch holds whole groups and a group's prompt runs once in its forward."""
     gen = torch.Generator().manual_seed(seed)
-    return [list(torch.randperm(n, generator=gen).split(size)) for _ in range(epochs)]
+    blocks = torch.arange(n).split(block)
+    return [
+        list(torch.cat([blocks[int(i)] for i in torch.randperm(len(blocks), generator=gen)]).split(size))
+        for _ in range(epochs)
+    ]
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

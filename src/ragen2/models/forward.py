@@ -52,77 +52,104 @@ class PrefixGroup:
 def prefix_groups(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, min_shared: int = 8
 ) -> list[PrefixGroup]:
-    """Rows grouped by a common leading run of ≥ ``min_shared`` real tokens (rows are right-padded)."""
-    lengths = attention_mask.sum(-1).tolist()
-    if any(attention_mask[i, : int(n)].min() < 1 for i, n in enumerate(lengths) if n):
+    """Rows grouped by common leading runs of ≥ ``min_shared`` real tokens (rows are right-padded), chosen to
+    skip the most tokens: in sorted order, a group is a run of rows and skips (rows − 1) × the run's shortest
+    common prefix; the runs come from one pass of dynamic programming. A group's rows (a GRPO group's
+    rollouts) sharing their whole prompt beat every row sharing a system prompt."""
+    lengths = [int(n) for n in attention_mask.sum(-1).tolist()]
+    if any(attention_mask[i, :n].min() < 1 for i, n in enumerate(lengths) if n):
         raise ValueError("decoder_hidden(share_prefix=True) needs right-padded rows (mask 1…1 0…0)")
-    left = list(range(input_ids.shape[0]))
-    groups = []
-    while left:
-        i = left.pop(0)
-        head = input_ids[i, :min_shared]
-        rows = [i] + [
-            j for j in left if lengths[j] > min_shared and torch.equal(input_ids[j, :min_shared], head)
-        ]
-        if lengths[i] <= min_shared or len(rows) == 1:
-            groups.append(PrefixGroup([i], 0))
-            continue
-        left = [j for j in left if j not in rows]
-        width = min(int(lengths[r]) for r in rows) - 1  # every row keeps one token after the prefix
-        same = (input_ids[rows, :width] == input_ids[i, :width]).all(0).long()
-        groups.append(PrefixGroup(rows, int(same.cumprod(0).sum())))
-    return groups
+    seqs = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+
+    def shared(a: int, b: int) -> int:  # common prefix, each row keeping ≥ 1 token of its own
+        cap, n = min(lengths[a], lengths[b]) - 1, 0
+        while n < cap and seqs[a][n] == seqs[b][n]:
+            n += 1
+        return n
+
+    lcp = [0] + [shared(order[k - 1], order[k]) for k in range(1, len(order))]  # with the previous row
+    best = [0] * (len(order) + 1)  # tokens skipped by the best split of order[:k]
+    cut = [0] * (len(order) + 1)
+    for k in range(1, len(order) + 1):
+        best[k], cut[k] = best[k - 1], k - 1  # order[k-1] alone
+        common = None
+        for i in range(k - 2, -1, -1):  # the run order[i:k]
+            common = lcp[i + 1] if common is None else min(common, lcp[i + 1])
+            if common < min_shared:
+                break
+            if best[i] + (k - 1 - i) * common > best[k]:
+                best[k], cut[k] = best[i] + (k - 1 - i) * common, i
+    groups, k = [], len(order)
+    while k:
+        i = cut[k]
+        rows = sorted(order[i:k])
+        length = min(lcp[j] for j in range(i + 1, k)) if k - i > 1 else 0
+        groups.append(PrefixGroup(rows, length))
+        k = i
+    return sorted(groups, key=lambda g: g.rows[0])
 
 
 def shared_prefix_hidden(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[PrefixGroup]
 ) -> torch.Tensor:
-    """[b, T, H] hidden states with each group's prefix run once (batch 1) and every row's rest batched.
+    """[b, T, H] hidden states with each group's prefix run once (prefixes of one length batched) and every
+    row's rest batched.
 
     Layout of the second pass, per row: [pad | its group's prefix keys/values | its own tokens | pad],
-    the prefix right-aligned as in the sampler; positions continue from the prefix length.
+    the prefix right-aligned as in the sampler; positions continue from the prefix length. The rows are
+    assembled by indexing (no per-row copies): a small model's forward is cheaper than a Python loop over rows.
     """
     decoder = model.get_decoder()
     b, width = input_ids.shape
-    prefix_of = {r: g for g in groups for r in g.rows}
-    width_p = max(g.length for g in groups)
-    prefixes: dict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+    device = input_ids.device
+    lengths = [g.length for g in groups]
+    width_p = max(lengths)
+    group_of = torch.zeros(b, dtype=torch.long, device=device)
+    for n, g in enumerate(groups):
+        group_of[g.rows] = n
+    length = torch.tensor(lengths, device=device)[group_of]  # [b] each row's prefix length
+    # each group's prefix: hidden states [G, width_p, H] (right-padded) and, per layer, keys and values
+    # [G, heads, width_p, d] (left-padded: the prefix ends where the row's own tokens begin)
+    hidden_p: list[torch.Tensor | None] = [None] * len(groups)
+    kv_p: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(groups)
+    by_length: dict[int, list[int]] = {}
     for n, g in enumerate(groups):
         if g.length:
-            out = decoder(input_ids=input_ids[g.rows[0] : g.rows[0] + 1, : g.length], use_cache=True)
-            prefixes[n] = (
-                out.last_hidden_state[0],
-                cache_layers(out.past_key_values, "shared-prefix update"),
-            )
-    index = {r: n for n, g in enumerate(groups) for r in g.rows}
-    rest = [width - prefix_of[r].length for r in range(b)]
-    width_s = max(rest)
-    ids = torch.stack([F.pad(input_ids[r, prefix_of[r].length :], (0, width_s - rest[r])) for r in range(b)])
-    mask_s = torch.stack(
-        [F.pad(attention_mask[r, prefix_of[r].length :], (0, width_s - rest[r])) for r in range(b)]
-    )
-    positions = torch.stack(
-        [
-            torch.arange(prefix_of[r].length, prefix_of[r].length + width_s, device=ids.device)
-            for r in range(b)
-        ]
-    )
-    mask_p = torch.zeros((b, width_p), dtype=attention_mask.dtype, device=ids.device)
-    kv = []
-    template = next(iter(prefixes.values()))[1]
-    for layer, (k0, v0) in enumerate(template):
-        keys, values = [], []
-        for r in range(b):
-            n, length = index[r], prefix_of[r].length
-            if length:
-                k, v = prefixes[n][1][layer]
-            else:
-                k, v = k0[:, :, :0], v0[:, :, :0]
-            keys.append(F.pad(k, (0, 0, width_p - length, 0)))  # left-pad to the widest prefix
-            values.append(F.pad(v, (0, 0, width_p - length, 0)))
-        kv.append((torch.cat(keys), torch.cat(values)))
-    for r in range(b):
-        mask_p[r, width_p - prefix_of[r].length :] = 1
+            by_length.setdefault(g.length, []).append(n)
+    for size, ns in by_length.items():
+        firsts = torch.tensor([groups[n].rows[0] for n in ns], device=device)
+        out = decoder(input_ids=input_ids[firsts, :size], use_cache=True)
+        layers = cache_layers(out.past_key_values, "shared-prefix update")
+        for i, n in enumerate(ns):
+            hidden_p[n] = F.pad(out.last_hidden_state[i], (0, 0, 0, width_p - size))
+            kv_p[n] = [
+                (F.pad(k[i], (0, 0, width_p - size, 0)), F.pad(v[i], (0, 0, width_p - size, 0)))
+                for k, v in layers
+            ]
+    some_hidden = next(h for h in hidden_p if h is not None)
+    some_kv = next(kv for kv in kv_p if kv is not None)
+    # a group without a shared prefix (a row alone) holds zeros that its mask never reads
+    hidden_g = torch.stack([torch.zeros_like(some_hidden) if h is None else h for h in hidden_p])
+    kv_g = [
+        [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in some_kv] if c is None else c for c in kv_p
+    ]
+    kv = [
+        (
+            torch.stack([c[layer][0] for c in kv_g]).index_select(0, group_of),
+            torch.stack([c[layer][1] for c in kv_g]).index_select(0, group_of),
+        )
+        for layer in range(len(some_kv))
+    ]
+    # each row's own tokens, from its prefix's end, right-padded to the longest rest
+    width_s = int((width - length).max())
+    step = torch.arange(width_s, device=device)
+    positions = length[:, None] + step  # [b, width_s]
+    inside = positions < width
+    source = positions.clamp(max=width - 1)
+    ids = torch.where(inside, input_ids.gather(1, source), torch.zeros_like(source))
+    mask_s = torch.where(inside, attention_mask.gather(1, source), torch.zeros_like(source))
+    mask_p = (torch.arange(width_p, device=device) >= width_p - length[:, None]).to(attention_mask.dtype)
     out = decoder(
         input_ids=ids,
         attention_mask=torch.cat([mask_p, mask_s], dim=-1),
@@ -130,9 +157,10 @@ def shared_prefix_hidden(
         past_key_values=as_cache(kv),
         use_cache=True,
     ).last_hidden_state  # [b, width_s, H]
-    rows = []
-    for r in range(b):
-        length = prefix_of[r].length
-        own = out[r, : width - length]
-        rows.append(torch.cat([prefixes[index[r]][0], own]) if length else own)
-    return torch.stack(rows)
+    # position t of a row: its prefix's state for t < its prefix length, else its own state t − length
+    t = torch.arange(width, device=device)[None, :].expand(b, -1)
+    own_index = (t - length[:, None]).clamp(0, width_s - 1)
+    own = out.gather(1, own_index[..., None].expand(-1, -1, out.shape[-1]))
+    index_p = t.clamp(max=width_p - 1)[..., None].expand(-1, -1, out.shape[-1])
+    prefix = hidden_g.index_select(0, group_of).gather(1, index_p)
+    return torch.where((t < length[:, None])[..., None], prefix, own)

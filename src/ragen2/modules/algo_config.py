@@ -23,6 +23,8 @@ from ragen2.settings import settings
 
 #: where the update's old log-probs come from (``algo.old_logprobs``)
 OLD_LOGPROBS = ("recompute", "sampler")
+#: what a mini-batch is drawn from (``algo.minibatch``)
+MINIBATCHES = ("rows", "groups")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ class AlgoConfig:
     gradient norm (0 = skip them without stopping)."""
     tis: TISConfig = field(default_factory=TISConfig)
     """Truncated importance sampling of the policy loss by π_old/π_sampler (``algo.tis.cap``; off by default)."""
+    minibatch: str = "rows"
+    """rows: each mini-batch a seeded draw of the kept rows; groups: of whole kept groups (a group's rollouts stay
+    together, so ``share_prompt_prefix`` runs each prompt once per step instead of the prefix all rows share)."""
     old_logprobs: str = "recompute"
     """recompute: the old log-probs from a forward of the training model before the first step (the default,
     whatever sampled); sampler: the sampler's own, saving that forward: exact up to rounding only when the
@@ -147,6 +152,7 @@ class AlgoConfig:
             ("kl_kind", self.kl_kind, KL_KINDS),
             ("loss_scaling", self.loss_scaling, LOSS_SCALINGS),
             ("old_logprobs", self.old_logprobs, OLD_LOGPROBS),
+            ("minibatch", self.minibatch, MINIBATCHES),
         )
         for key, value, allowed in choices:
             if value not in allowed:

@@ -67,6 +67,15 @@ Backward = Callable[[torch.Tensor], None]
 LARGE_GAP = 0.1  # |Δ log p| above which a sampled token counts in rollout/logprob_gap_large_share
 
 
+def _group_block(batch: RolloutBatch, kept: torch.Tensor, ranks: Ranks) -> int:
+    """The kept rows per kept group, when every kept group on every rank keeps as many (a group-level filter's
+    whole groups; the rows come group after group), else 1: then mini-batches are drawn row by row."""
+    sizes = {c for c in torch.bincount(batch.group_index[kept]).tolist() if c}
+    local = next(iter(sizes)) if len(sizes) == 1 else (-1 if sizes else 0)  # 0: nothing kept here
+    every = {size for size in ranks.gather(local) if size != 0}
+    return every.pop() if len(every) == 1 and min(every) > 0 else 1
+
+
 def _sampler_logprobs(batch: RolloutBatch) -> torch.Tensor:
     """[B, T] the sampler's log-probs on the sampled tokens (0 elsewhere); a sampled token without one (NaN:
     a scripted sampler's) is refused."""
@@ -203,10 +212,15 @@ class Update:
         ``rollout/logprob_gap_*`` numbers."""
         share = batch.kept_share()
         kept = batch.kept_rows
+        block = _group_block(batch, kept, ranks) if self.algo.minibatch == "groups" else 1
         order = [  # per epoch, this rank's rows of each mini-batch of every rank's kept rows
             [local_rows(mini, share.first, kept.numel()) for mini in epoch]
             for epoch in minibatch_order(
-                share.kept, self.algo.mini_batch_size, self.algo.epochs, self.seed * 31 + batch.iteration
+                share.kept,
+                self.algo.mini_batch_size,
+                self.algo.epochs,
+                self.seed * 31 + batch.iteration,
+                block,
             )
         ]
         # 1–3. old and reference log-probs, the critic's values, KL in the reward, advantages

@@ -1,7 +1,8 @@
 """Scripted backends: canned responses for tests, debugging and env smoke runs; the solver's demonstrations.
 
 ``ScriptedSampler``: each response is a template for the text after the forced ``<think>``; ``{oracle}``
-becomes the env's known-good action for the prompt (so some episodes succeed and others do not:
+becomes the env's known-good action for the prompt and ``{reasoning}`` the env's reason for it (an env that
+holds reasoning to a grammar, TwoHop, accepts only that) (so some episodes succeed and others do not:
 differently rewarded groups with no trained model). Responses are drawn with a seeded RNG, so runs are
 reproducible.
 
@@ -32,12 +33,19 @@ class ScriptedSampler:
     needs_oracle = True
     records_entropy = False  # no model, no distribution
 
-    def __init__(self, tokenizer: Any, responses: Sequence[str] = DEFAULT_RESPONSES, fallback: str = "Up"):
+    def __init__(
+        self,
+        tokenizer: Any,
+        responses: Sequence[str] = DEFAULT_RESPONSES,
+        fallback: str = "Up",
+        fallback_reasoning: str = "I should follow the plan.",
+    ):
         if not responses:
             raise ValueError("rollout.responses is empty: give at least one response template")
         self.tokenizer = tokenizer
         self.responses = list(responses)
         self.fallback = fallback  # stands in for {oracle} when the env has none
+        self.fallback_reasoning = fallback_reasoning  # stands in for {reasoning} when the env has none
 
     def sync_weights(self, model: Any) -> None:
         """Scripted responses do not depend on weights."""
@@ -52,9 +60,11 @@ class ScriptedSampler:
         rng = random.Random(seed)
         out = []
         for i in range(len(prompts)):
-            planned = meta[i].oracle if meta is not None else None
-            text = rng.choice(self.responses).replace(
-                "{oracle}", self.fallback if planned is None else planned
+            m = meta[i] if meta is not None else PromptMeta()
+            text = (
+                rng.choice(self.responses)
+                .replace("{oracle}", self.fallback if m.oracle is None else m.oracle)
+                .replace("{reasoning}", self.fallback_reasoning if m.reasoning is None else m.reasoning)
             )
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))
             finish = (

@@ -35,3 +35,14 @@ def test_micro_batch_share_by_tokens_or_by_rows() -> None:
     parts = [torch.tensor([0]), torch.tensor([1, 2]), torch.tensor([3])]
     for token_level in (True, False):
         assert sum(micro_batch_share(mask, p, mini, token_level) for p in parts) == pytest.approx(1.0)
+
+
+def test_mini_batches_of_whole_groups_shuffle_the_groups_and_keep_their_rows_together() -> None:
+    # 12 rows in groups of 4 (rows 0-3, 4-7, 8-11), mini-batches of 8: each holds two whole groups or the rest
+    for seed in range(5):
+        (epoch,) = minibatch_order(12, 8, epochs=1, seed=seed, block=4)
+        rows = torch.cat(epoch).tolist()
+        assert sorted(rows) == list(range(12)) and [len(m) for m in epoch] == [8, 4]
+        assert all(rows[i : i + 4] == list(range(rows[i], rows[i] + 4)) for i in (0, 4, 8))
+    orders = {tuple(torch.cat(minibatch_order(12, 8, 1, seed, block=4)[0]).tolist()) for seed in range(10)}
+    assert len(orders) > 1  # the groups' order is drawn

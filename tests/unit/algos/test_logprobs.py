@@ -160,14 +160,11 @@ def _shared_prompt_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, attn, loss
 
 
-def test_shared_prefix_pass_equals_the_plain_pass_with_gradients() -> None:
-    """decoder_hidden(share_prefix=True) runs each group's prompt once; hidden states and weight gradients
-    equal the plain pass (float64, grouped-query attention, uneven rows)."""
+
+def _small_llama() -> LlamaForCausalLM:
+    """A 2-layer float64 Llama with grouped-query attention (4 heads over 2 key-value heads)."""
     from transformers import LlamaConfig
 
-    from ragen2.models.forward import prefix_groups
-
-    torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=128,
         hidden_size=64,
@@ -177,7 +174,15 @@ def test_shared_prefix_pass_equals_the_plain_pass_with_gradients() -> None:
         num_hidden_layers=2,
         attn_implementation="sdpa",
     )
-    model = LlamaForCausalLM(config).double().train()
+    return LlamaForCausalLM(config).double()
+
+def test_shared_prefix_pass_equals_the_plain_pass_with_gradients() -> None:
+    """decoder_hidden(share_prefix=True) runs each group's prompt once; hidden states and weight gradients
+    equal the plain pass (float64, grouped-query attention, uneven rows)."""
+    from ragen2.models.forward import prefix_groups
+
+    torch.manual_seed(0)
+    model = _small_llama().train()
     ids, attn, _ = _shared_prompt_batch()
     groups = prefix_groups(ids, attn)
     assert [(g.rows, g.length) for g in groups] == [([0, 1, 2], 12), ([3, 4, 5], 10), ([6], 0)]
@@ -195,6 +200,32 @@ def test_shared_prefix_pass_equals_the_plain_pass_with_gradients() -> None:
     # entry: some kernel on this path accumulates in float32; far inside float32 training's own rounding
     torch.testing.assert_close(g1, g0, rtol=1e-6, atol=1e-6 * float(g0.abs().max()))
     assert g0.abs().max() > 0
+
+
+def test_groups_share_their_whole_prompt_rather_than_the_system_prefix_all_rows_share() -> None:
+    """Four groups of three rows whose 20-token prompts share a 10-token system prefix: four groups of their
+    whole prompt skip 4 × 2 × 19 = 152 tokens, one group of every row 11 × 10 = 110; the four prompts, of one
+    length, run in one batched forward, and the pass still equals the plain one."""
+    from ragen2.models.forward import prefix_groups
+
+    torch.manual_seed(0)
+    system = list(range(10, 20))
+    ids = torch.tensor(
+        [[*system, *[30 + g] * 10, 60 + r, 70 + r] for g in range(4) for r in range(3)], dtype=torch.long
+    )
+    attn = torch.ones_like(ids)
+    groups = prefix_groups(ids, attn)
+    assert [(g.rows, g.length) for g in groups] == [([3 * g, 3 * g + 1, 3 * g + 2], 20) for g in range(4)]
+    model = _small_llama().eval()
+    calls: list[int] = []
+    hook = model.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        shared = decoder_hidden(model, ids, attn, share_prefix=True)
+    hook.remove()
+    assert len(calls) == 2  # the four prompts together, then every row's own tokens
+    with torch.no_grad():
+        plain = decoder_hidden(model, ids, attn, share_prefix=False)
+    torch.testing.assert_close(shared, plain, rtol=1e-10, atol=1e-10)
 
 
 def test_shared_prefix_needs_right_padding() -> None:

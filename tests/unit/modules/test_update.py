@@ -252,3 +252,15 @@ def test_an_entropy_bonus_out_of_range_is_refused(coef: str) -> None:
         ConfigError, match=rf"algo\.entropy_coef={coef} is out of range\. Fix: algo\.entropy_coef a number in"
     ):
         make_algo(f"algo.entropy_coef={coef}")
+
+
+def test_whole_kept_groups_make_the_blocks_of_group_mini_batches() -> None:
+    from ragen2.distributed import ONE_PROCESS
+    from ragen2.modules.update import _group_block
+
+    batch = make_batch()  # 2 groups × 4 rows, both kept
+    assert _group_block(batch, batch.kept_rows, ONE_PROCESS) == 4
+    # a trajectory-level choice keeping 3 rows of one group and 4 of the other: rows, not blocks
+    uneven = dataclasses.replace(batch, keep_rows=torch.tensor([True] * 7 + [False]))
+    assert _group_block(uneven, uneven.kept_rows, ONE_PROCESS) == 1
+    assert make_algo("algo.minibatch=groups").minibatch == "groups"

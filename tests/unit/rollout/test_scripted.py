@@ -1,4 +1,4 @@
-"""ScriptedSampler: seeded choice among templates, ``{oracle}`` filled in, ``length`` when truncated."""
+"""ScriptedSampler: seeded choice among templates, ``{oracle}`` and ``{reasoning}`` filled in, ``length`` when truncated."""
 
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ def test_oracle_is_filled_per_prompt_with_a_fallback(tokenizer) -> None:
     ]
     no_meta = s.generate(PROMPTS[:1], PARAMS, seed=0)
     assert tokenizer.decode(no_meta[0].ids) == "go</think><answer>Wait</answer>"
+
+
+def test_reasoning_is_filled_per_prompt_with_a_fallback(tokenizer) -> None:
+    s = ScriptedSampler(tokenizer, ["{reasoning}</think><answer>{oracle}</answer>"], fallback_reasoning="hm")
+    meta = [PromptMeta(oracle="v3", reasoning="so m2 v3"), PromptMeta(oracle="Up")]
+    texts = [tokenizer.decode(x.ids) for x in s.generate(PROMPTS[:2], PARAMS, seed=0, meta=meta)]
+    assert texts == ["so m2 v3</think><answer>v3</answer>", "hm</think><answer>Up</answer>"]
 
 
 def test_truncated_response_is_length(tokenizer) -> None:

@@ -1,0 +1,294 @@
+"""The organism study's rules (PROTOCOL.md) applied to its collected runs (``results/organism/runs``).
+
+    python results/organism/analyze.py engineering     the stage-0 run's LR rule → engineering/engineering.json
+    python results/organism/analyze.py pilot           the pilot's β* rule → pilot/pilot.json, pilot.md, pilot.png
+    python results/organism/analyze.py calibration     every MI proxy against the exact MI → calibration/
+
+Each run is read from ``runs/<stage>/<cell>/s<seed>/metrics.csv.gz`` (``run.py collect``). The measures are the
+protocol's: MI_t and H_t the exact figures of the pass at iteration t, S the mean learnable success over the
+last 50 iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import math
+import statistics
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "bench"))
+from provenance import provenance  # noqa: E402
+
+ITERATION = "train/iteration"
+MI, H = "diag/exact/mi", "diag/exact/cond_entropy"
+SUCCESS = "rollout/success_learnable"
+LAST = 50  # S: the mean of the last 50 iterations' learnable success
+PILOT_BETAS = (0.003, 0.01, 0.03, 0.1)
+
+
+def _float(value: str | None) -> float | None:
+    if value in (None, ""):
+        return None
+    x = float(value)
+    return None if math.isnan(x) else x
+
+
+def read(folder: Path) -> list[dict[str, float]]:
+    """A run's logged rows, the empty cells dropped, in logging order."""
+    with gzip.open(folder / "metrics.csv.gz", "rt") as f:
+        rows = [{k: x for k, v in row.items() if (x := _float(v)) is not None} for row in csv.DictReader(f)]
+    return [r for r in rows if ITERATION in r or any(k.startswith("diag/") for k in r)]
+
+
+def passes(rows: list[dict[str, float]], key: str) -> dict[int, float]:
+    """``key`` at each iteration whose row holds it (an MI pass's figures are on its iteration's row)."""
+    return {int(r[ITERATION]): r[key] for r in rows if key in r and ITERATION in r}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One run read by the protocol's measures."""
+
+    mi0: float
+    mi_end: float
+    h0: float
+    h_end: float
+    end: int  # the iteration of the last pass
+    success: float  # S
+    success0: float  # the mean learnable success over the first 50 iterations
+    format_end: float  # the mean format rate over the last 50 iterations
+
+    @property
+    def collapse(self) -> bool:
+        return self.mi_end <= 0.5 * self.mi0
+
+    @property
+    def template_collapse(self) -> bool:
+        return self.collapse and self.h_end >= self.h0
+
+
+def _mean_of(values: dict[int, float], iterations: Iterable[int]) -> float:
+    picked = [values[i] for i in iterations if i in values]
+    return statistics.fmean(picked) if picked else math.nan
+
+
+def outcome(rows: list[dict[str, float]]) -> Outcome:
+    mi, h = passes(rows, MI), passes(rows, H)
+    if not mi:
+        raise ValueError(f"no {MI} in the run: it logged no exact pass")
+    first, end = min(mi), max(mi)
+    success, fmt = passes(rows, SUCCESS), passes(rows, "rollout/format_valid_rate")
+    last_iteration = max(success) if success else end
+    tail = range(last_iteration - LAST + 1, last_iteration + 1)
+    return Outcome(
+        mi0=mi[first],
+        mi_end=mi[end],
+        h0=h[first],
+        h_end=h[end],
+        end=end,
+        success=_mean_of(success, tail),
+        success0=_mean_of(success, range(LAST)),
+        format_end=_mean_of(fmt, tail),
+    )
+
+
+def runs(stage: str) -> dict[tuple[str, int], Path]:
+    """Each collected run of a stage by (cell, seed)."""
+    root = HERE / "runs" / stage
+    return {
+        (folder.parent.name, int(folder.name[1:])): folder
+        for folder in sorted(root.glob("*/s*"))
+        if (folder / "metrics.csv.gz").is_file()
+    }
+
+
+def beta_of(cell: str) -> float:
+    """``none_b0.03`` → 0.03 (run.py's cell names)."""
+    return float(next(part[1:] for part in cell.split("_") if part.startswith("b")))
+
+
+def engineering() -> dict[str, object]:
+    """Stage 0's rule: LR = 3e-4 unless format fell below 0.9 or learnable success fell by more than 0.1."""
+    ((key, folder),) = runs("engineering").items()
+    o = outcome(read(folder))
+    healthy = o.format_end >= 0.9 and o.success >= o.success0 - 0.1
+    return {"run": f"{key[0]}/s{key[1]}", **asdict(o), "healthy_at_3e-4": healthy}
+
+
+def pilot_rule(outcomes: dict[tuple[float, int], Outcome], seeds: int = 3) -> float | None:
+    """β* = the smallest β at which at least 2 of the seeds reach template collapse with S ≥ 0.2; None if none.
+    A β missing some of its seeds cannot qualify on the missing ones."""
+    for beta in sorted({b for b, _ in outcomes}):
+        hits = sum(o.template_collapse and o.success >= 0.2 for (b, _), o in outcomes.items() if b == beta)
+        if hits >= 2:
+            return beta
+    return None
+
+
+def pilot() -> dict[str, object]:
+    found = {(beta_of(cell), seed): outcome(read(folder)) for (cell, seed), folder in runs("pilot").items()}
+    table = [
+        {"beta": b, "seed": s, **asdict(o), "collapse": o.collapse, "template_collapse": o.template_collapse}
+        for (b, s), o in sorted(found.items())
+    ]
+    return {"beta_star": pilot_rule(found), "runs": table, "expected_runs": 12, "found_runs": len(found)}
+
+
+# the proxies compared with the exact MI: (curve, key, its ceiling's column count or None when it has none)
+PROXIES = (
+    ("first_turn", "mi_est", 16),
+    ("first_turn_c4", "mi_est", 4),
+    ("first_turn_c16", "mi_est", 16),
+    ("heldout", "mi_est", 64),
+    ("first_turn", "contrast", None),
+    ("first_turn", "contrast_seq", None),
+    ("heldout", "contrast", None),
+    ("first_turn", "retrieval_acc", None),
+    ("heldout", "retrieval_acc", None),
+)
+
+
+def saturation_gap(columns: int, within: float = 0.1) -> float:
+    """The matched-minus-mismatched gap Δ (nats) beyond which the in-batch estimate log N − log(1 + (N−1)e^(−Δ))
+    is within ``within`` of its ceiling log N: past it the estimate cannot show a change in Δ."""
+    return -math.log((columns**within - 1) / (columns - 1))
+
+
+def pearson(xs: list[float], ys: list[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+
+
+def calibration(stage: str = "pilot") -> dict[str, object]:
+    """Every proxy at every pass of the stage's runs against the exact MI of that pass: Pearson's r over all
+    passes and within runs (each run's changes from its first pass), the mean bias for the MI estimates, and how
+    often an estimate sat within 10 % of its ceiling."""
+    from ragen2.grids.stats import spearman
+
+    rows_by_run = {key: read(folder) for key, folder in runs(stage).items()}
+    out: dict[str, object] = {}
+    for curve, key, columns in PROXIES:
+        name = f"diag/{curve}/{key}"
+        pairs, changes = [], []
+        for rows in rows_by_run.values():
+            exact, proxy = passes(rows, MI), passes(rows, name)
+            common = sorted(set(exact) & set(proxy))
+            pairs += [(exact[i], proxy[i]) for i in common]
+            if common:
+                changes += [(exact[i] - exact[common[0]], proxy[i] - proxy[common[0]]) for i in common[1:]]
+        if len(pairs) < 3:
+            continue
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+        entry: dict[str, object] = {
+            "passes": len(pairs),
+            "pearson": pearson(xs, ys),
+            "spearman": spearman(xs, ys)[0],
+            "pearson_of_changes": pearson([c[0] for c in changes], [c[1] for c in changes])
+            if len(changes) >= 3
+            else None,
+            "exact_range": [min(xs), max(xs)],
+            "proxy_range": [min(ys), max(ys)],
+        }
+        if columns is not None and key == "mi_est":
+            ceiling = math.log(columns)
+            entry |= {
+                "columns": columns,
+                "ceiling": ceiling,
+                "bias": statistics.fmean(y - x for x, y in pairs),
+                "saturated_share": sum(y >= 0.9 * ceiling for y in ys) / len(ys),
+                "saturation_gap_nats": saturation_gap(columns),
+            }
+        out[name] = entry
+    return {"stage": stage, "runs": len(rows_by_run), "proxies": out}
+
+
+def _table(rows: list[dict[str, object]], keys: list[str]) -> str:
+    def cell(v: object) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    return "\n".join([*lines, *("| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows)])
+
+
+def pilot_markdown(result: dict[str, object]) -> str:
+    keys = ["beta", "seed", "mi0", "mi_end", "h0", "h_end", "success", "collapse", "template_collapse"]
+    return (
+        f"# Pilot ({result['found_runs']} of {result['expected_runs']} runs)\n\n"
+        f"β* = {result['beta_star']} (PROTOCOL.md: the smallest β at which ≥ 2 of 3 seeds reach template "
+        "collapse with S ≥ 0.2; None: no β qualified)\n\n" + _table(result["runs"], keys) + "\n"  # type: ignore[arg-type]
+    )
+
+
+def calibration_markdown(result: dict[str, object]) -> str:
+    proxies: dict[str, dict[str, object]] = result["proxies"]  # type: ignore[assignment]
+    rows = [{"proxy": k, **v} for k, v in proxies.items()]
+    keys = ["proxy", "passes", "pearson", "spearman", "pearson_of_changes", "bias", "saturated_share"]
+    return (
+        f"# Calibration: each proxy against the exact I(X;Z) ({result['runs']} {result['stage']} runs)\n\n"
+        "pearson_of_changes: each run's change from its first pass, proxy against exact. saturated_share: the "
+        "passes at which an in-batch estimate sat within 10 % of its ceiling log N.\n\n"
+        + _table(rows, keys)
+        + "\n"
+    )
+
+
+def plot_pilot(result: dict[str, object], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = runs("pilot")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    colours = dict(zip(PILOT_BETAS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for (cell, _seed), folder in found.items():
+        rows, beta = read(folder), beta_of(cell)
+        for ax, key in zip(axes, (MI, H)):
+            curve = passes(rows, key)
+            ax.plot(list(curve), list(curve.values()), color=colours.get(beta, "k"), alpha=0.7, lw=1)
+    for ax, title in zip(axes, ("exact I(X;Z) (nats)", "exact H(Z|X) (nats)")):
+        ax.set_xlabel("iteration")
+        ax.set_title(title)
+    for beta, colour in colours.items():
+        axes[0].plot([], [], color=colour, label=f"β = {beta}")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write(folder: Path, name: str, result: dict[str, object], markdown: str | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps({**result, "provenance": provenance()}, indent=1) + "\n")
+    if markdown is not None:
+        (folder / f"{name}.md").write_text(markdown)
+        print(markdown)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("engineering", "pilot", "calibration"))
+    args = parser.parse_args()
+    if args.what == "engineering":
+        result = engineering()
+        write(HERE / "engineering", "engineering", result)
+        print(json.dumps(result, indent=1))
+    elif args.what == "pilot":
+        result = pilot()
+        write(HERE / "pilot", "pilot", result, pilot_markdown(result))
+        plot_pilot(result, HERE / "pilot" / "pilot.png")
+    else:
+        result = calibration()
+        write(HERE / "calibration", "calibration", result, calibration_markdown(result))
+
+
+if __name__ == "__main__":
+    main()
