@@ -30,6 +30,10 @@ from ragen2.config import compose as ragen2_compose
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHERS = sorted(p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
+#: each sweep's scale (the accelerator, groups an iteration) and its smoke variant: the paper's on a GPU, shrunk
+#: to the tiny model; the organism's on a CPU thread, already small (its sampler settings are the HF sampler's)
+SCALE = {"organism_pilot": (("cpu", 16), ["iterations=1"])}
+PAPER_SCALE = (("gpu", 8), ["debug=fast", "model.name_or_path=tiny"])
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
 #: a sweep's jobs as CPU jobs on the local cluster (slurm/local_cluster.sh)
 SLURM_JOBS = [
@@ -104,15 +108,17 @@ def test_sweep_counts_match_the_docs(sweep: str) -> None:
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_cell_of_a_sweep_builds_with_the_tiny_model(sweep: str) -> None:
-    """Each cell (every swept value but the seed) composes at the paper's scale, and its CPU smoke variant
-    (debug=fast, the model's weights replaced by the tiny model's) builds the data and policy modules."""
+    """Each cell (every swept value but the seed) composes at its scale (the paper's, or the organism's), and
+    its CPU smoke variant (the paper's: debug=fast, the model's weights replaced by the tiny model's) builds the
+    data and policy modules."""
     grid = _grid(sweep)
     grid.pop("seed")
     for cell in itertools.product(*grid.values()):
         chosen = [f"+sweep={sweep}", *(f"{key}={value}" for key, value in zip(grid, cell))]
         paper = ragen2_compose(chosen)
-        assert paper.trainer.get("accelerator") == "gpu" and paper.rollout.groups == 8, chosen
-        cfg = ragen2_compose([*chosen, "debug=fast", "model.name_or_path=tiny"])
+        scale, smoke = SCALE.get(sweep, PAPER_SCALE)
+        assert (paper.trainer.get("accelerator"), paper.rollout.groups) == scale, chosen
+        cfg = ragen2_compose([*chosen, *smoke])
         validate(cfg)
         build(cfg.data)
         module = build(cfg.module)
