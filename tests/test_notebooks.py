@@ -11,6 +11,7 @@ traceback. The notebooks assert their own invariants (token layout, the collapse
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -151,3 +152,22 @@ def test_diagnose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert 0 < found["misretrieved"] <= 6
     assert _count(outputs, "image/png") == 3  # heatmap, quadrant, ranks
     assert _count(outputs, "text/markdown") == 1  # the CLI's index.md
+
+
+def test_organism(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = """{
+        "iterations": ITERATIONS,
+        "passes": passes.index.tolist(),
+        "exact": passes["diag/exact/mi"].tolist(),
+        "mass": passes["diag/exact/grammar_mass"].tolist(),
+        "shares": list(shares.columns),
+        "correlations": correlations,
+    }"""
+    found, outputs = execute("04_organism.ipynb", probe, tmp_path, monkeypatch)
+    assert found["iterations"] == 40  # the smoke setting reached the kernel
+    assert found["passes"] == [0, 10, 20, 30]
+    # the shipped warm start reads its input: exact MI well above 0 and under the ceiling log 64
+    assert all(1.0 < mi < math.log(64) for mi in found["exact"])
+    assert min(found["mass"]) > 0.9
+    assert len(found["shares"]) == 6 and len(found["correlations"]) == 5
+    assert _count(outputs, "image/png") == 2  # the curves (with the scatter) and success by kind
