@@ -93,6 +93,12 @@ BAD = [
     (["algo/advantage=gae"], r"needs a critic's values, and algo\.critic is null\. Fix: use algo=ppo"),
     (["+algo/critic=separate", "algo=ppo"], r"'\+algo/critic=separate': use algo/critic=<name> without '\+'"),
     (["data.sampling.max_rounds=2"], r"data\.sampling\.max_rounds has moved: set algo\.sampling\.max_rounds"),
+    (
+        ["callbacks.collapse.retrieval_fraction=0.5"],
+        r"^'callbacks\.collapse\.retrieval_fraction=0\.5': callbacks\.collapse\.retrieval_fraction was removed: "
+        r"the input-dependence axis reads the contrast alone, .*Fix: drop it \(callbacks\.collapse\.mi_fraction "
+        r"now applies to the contrast\)$",
+    ),
     (["env.max_turns=0"], r"env\.max_turns=0 must be ≥ 1\. Fix"),
     (["env.id=ragen2/Chess-v0"], r"env\.id='ragen2/Chess-v0' is not a ragen2 environment\. Fix: env=<name>"),
     (["val.k=8", "val.samples=2"], r"val\.k=8 exceeds val\.samples=2.*Fix: val\.samples=8"),
@@ -499,6 +505,21 @@ def test_the_plus_overrides_in_use_still_pass(tmp_path: Path) -> None:
             run_dir=str(tmp_path),
         )
     )
+
+
+def test_a_config_file_that_still_sets_a_removed_key_is_told_why() -> None:
+    from omegaconf import open_dict
+
+    from ragen2.errors import ConfigError
+    from ragen2.settings import check_target_types
+
+    cfg = compose(["model=tiny"])
+    with open_dict(cfg):  # what a copy of conf/callbacks/default.yaml from before the contrast axis sets
+        cfg.callbacks.collapse.retrieval_fraction = 0.5
+    with pytest.raises(
+        ConfigError, match=r"^callbacks\.collapse\.retrieval_fraction was removed: .*Fix: drop it"
+    ):
+        check_target_types(cfg)
 
 
 # nodes that are no mapping: text, and a list of pairs (which dict() would have read as one)

@@ -4,7 +4,8 @@
 have (with the name meant, or where a moved key went) and a value whose type does not fit the field's
 annotation (a float for an int, text for a number, a number for a bool, nan or ±inf anywhere).
 ``check_target_types`` does the same for what each ``_target_`` node of a composed config hands its
-callable, and ``check_overrides`` for command-line overrides of keys that moved, before Hydra sees them.
+callable, and ``check_overrides`` for command-line overrides of keys that moved or were removed, before
+Hydra sees them.
 Every refusal is a ``ConfigError`` of one line: ``<key>=<value> … Fix: …``.
 """
 
@@ -46,24 +47,47 @@ RESPELLED: dict[str, str] = {
     "+algo/kl_reward": "algo/kl_reward=<name> without '+' (every algo has a kl_reward default: null)",
 }
 
+#: keys that are gone: old -> (why, the fix)
+REMOVED: dict[str, tuple[str, str]] = {
+    "callbacks.collapse.retrieval_fraction": (
+        "the input-dependence axis reads the contrast alone, which does not saturate as retrieval does",
+        "drop it (callbacks.collapse.mi_fraction now applies to the contrast)",
+    ),
+}
+
+
+def _entry(key: str, table: Mapping[str, tuple[str, str]]) -> str | None:
+    """The key of ``table`` that is ``key`` or one of its parents, or None."""
+    return next((old for old in table if key == old or key.startswith(old + ".")), None)
+
 
 def moved_to(key: str, table: Mapping[str, tuple[str, str]] = MOVED) -> str | None:
     """Where ``key`` lives now, with the reason, or None if it did not move."""
-    for old, (new, why) in table.items():
-        if key == old or key.startswith(old + "."):
-            return f"{key} has moved: set {new + key[len(old) :]} instead ({why})"
-    return None
+    old = _entry(key, table)
+    if old is None:
+        return None
+    new, why = table[old]
+    return f"{key} has moved: set {new + key[len(old) :]} instead ({why})"
+
+
+def removed(key: str) -> str | None:
+    """Why ``key`` is gone and the fix, or None if it was not removed."""
+    old = _entry(key, REMOVED)
+    if old is None:
+        return None
+    why, fix = REMOVED[old]
+    return f"{key} was removed: {why}. Fix: {fix}"
 
 
 def check_overrides(overrides: Iterable[str]) -> None:
-    """Refuse command-line overrides of keys that moved, naming the new place (Hydra would only say
-    the key is not in the config)."""
+    """Refuse command-line overrides of keys that moved, naming the new place, or were removed, saying why
+    (Hydra would only say the key is not in the config)."""
     for override in overrides:
         spelled = override.split("=", 1)[0]
         if spelled in RESPELLED:
             raise ConfigError(f"{override!r}: use {RESPELLED[spelled]}")
         key = spelled.lstrip("~+")
-        moved = moved_to(key) or moved_to(key, REDIRECTED)
+        moved = moved_to(key) or moved_to(key, REDIRECTED) or removed(key)
         if moved is not None:
             raise ConfigError(f"{override!r}: {moved}")
 
@@ -227,7 +251,7 @@ def settings(cls: type[T], node: object, key: str) -> T:
         if name in fields:
             check_type(f"{key}.{name}", value, *fields[name])
             continue
-        moved = moved_to(f"{key}.{name}")
+        moved = moved_to(f"{key}.{name}") or removed(f"{key}.{name}")
         raise ConfigError(moved) if moved else unknown_key(f"{key}.{name}", value, fields)
     return cls(**values)
 
@@ -255,6 +279,8 @@ def check_target_types(cfg: DictConfig) -> None:
             child = node._get_node(name)
             assert child is not None  # name is one of the node's own keys
             raw = child._value()
+            if name not in defaults and (gone := removed(f"{path}{name}")) is not None:
+                raise ConfigError(gone)  # a config file that still sets it
             if name not in defaults and not takes_any:
                 raise unknown_key(f"{path}{name}", raw, defaults, f"an argument of {target}")
             if not target.startswith("ragen2.") or name not in hints:

@@ -46,7 +46,6 @@ class CollapseMonitor(L.Callback):
         patience: int = 2,
         entropy_fraction: float = 0.5,
         mi_fraction: float = 0.5,
-        retrieval_fraction: float = 0.5,
     ) -> None:
         if not isinstance(mode, str) or not CURVE.fullmatch(mode):
             raise ConfigError(
@@ -60,7 +59,7 @@ class CollapseMonitor(L.Callback):
                 f"(to switch the monitor off: {KEY}=null). Fix: {KEY}.on_collapse=warn"
             )
         try:
-            self.thresholds = RegimeThresholds(entropy_fraction, mi_fraction, retrieval_fraction, patience)
+            self.thresholds = RegimeThresholds(entropy_fraction, mi_fraction, patience)
         except ValueError as err:
             raise ConfigError(f"{KEY}.{err}".replace("Fix: ", f"Fix: {KEY}.")) from None
         self.mode = mode
@@ -125,6 +124,10 @@ class CollapseMonitor(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.state = RegimeState.from_dict(state_dict)
+        if state_dict.get("first") is not None and self.state.first is None:
+            _info(
+                "collapse monitor: the checkpoint's reference pass has no contrast; the next MI pass replaces it"
+            )
 
 
 @rank_zero_only

@@ -7,19 +7,21 @@ that no longer depends on the input: invisible to entropy); low H(Z|X) with high
 ``code = mi_low + 2 · entropy_low``: 0 healthy, 1 template collapse, 2 compressed, 3 collapsed, so an odd
 code means input dependence is lost (the alarm) and a code ≥ 2 means within-input diversity is lost.
 
-Each pass is read from three of its MI proxies (docs/method.md §3, per-token scale):
+Each pass is read from its MI proxies (docs/method.md §3, per-token scale):
 
 * entropy axis: ``cond_entropy`` H(Z|X) (nats per token);
-* input-dependence axis: ``mi_zscore_ema`` (the most stable online signal) and ``retrieval_above_chance``
-  (retrieval accuracy minus 1/C). I(X;Z) counts as **low only when both have fallen**: one noisy proxy
-  alone (retrieval over a few dozen rows moves by ±0.06) does not raise the alarm.
+* input-dependence axis: ``contrast``, the matched log-likelihood minus the mean mismatched one
+  (``ragen2.diagnostics.mi``). It is the unsaturated measure: the in-batch MI estimates stop at log C and
+  retrieval accuracy at 1.0, so they fall only after a near-total loss of input dependence, while the
+  contrast moves with every nat lost. One proxy is enough: the contrast averages every row × column of the
+  pass (retrieval reads a few dozen rows), and patience guards against a single noisy pass;
+* ``retrieval_above_chance`` (retrieval accuracy minus 1/C) is reported beside them, not a vote.
 
 Thresholds are relative to the run's own first pass, whose values are the reference: a value is low when
 ``value ≤ fraction · max(reference, 0)``. The clamp at 0 means that a first pass with no input dependence
-(z-score or retrieval at or below chance, as for a random model) leaves an absolute test, "no better than
-chance", rather than a threshold below zero; ``fraction = 0`` is that absolute test for every pass, and
-``fraction = 1`` flags any pass not above the first. H(Z|X) ≥ 0, so its clamp only matters for a
-deterministic first pass.
+(a contrast at or below 0, as for a random model) leaves an absolute test, "no better than chance", rather
+than a threshold below zero; ``fraction = 0`` is that absolute test for every pass, and ``fraction = 1``
+flags any pass not above the first. H(Z|X) ≥ 0, so its clamp only matters for a deterministic first pass.
 
 Patience: each axis is declared low (or high again) only after ``patience`` consecutive passes on the
 other side of its threshold; a single pass across it resets nothing but its own streak. Counting per axis,
@@ -74,17 +76,18 @@ REGIME_TABLE: tuple[tuple[int, str, str, str, str], ...] = (
 )
 """One row per regime, for docs/diagnostics.md and the report: code, name, the two axes, the reading."""
 
-KEYS = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
+KEYS = ("cond_entropy", "contrast", "retrieval_above_chance")
 """The MI proxies (``MIMetric.compute``'s keys) a pass is classified from, in ``PassMetrics``' order."""
 
 
 @dataclass(frozen=True)
 class PassMetrics:
-    """The three numbers of one MI pass that place it among the regimes (scalars, per-token scale)."""
+    """The numbers of one MI pass that place it among the regimes (scalars, per-token scale): H(Z|X) and the
+    contrast decide, retrieval is reported."""
 
     cond_entropy: float  # H(Z|X), nats per token
-    mi_zscore_ema: float  # mean (matched − marginal) / (EMA σ(marginal) + ε)
-    retrieval_above_chance: float  # retrieval accuracy − 1/C
+    contrast: float  # mean (matched − mean mismatched) log-likelihood, nats per token
+    retrieval_above_chance: float  # retrieval accuracy − 1/C (in the evidence, not a vote)
 
 
 @dataclass(frozen=True)
@@ -92,12 +95,11 @@ class RegimeThresholds:
     """What "low" means, relative to the first pass, and how many passes make a regime."""
 
     entropy_fraction: float = 0.5  # H(Z|X) low when ≤ this × the first pass's
-    mi_fraction: float = 0.5  # mi_zscore_ema low when ≤ this × the first pass's (clamped at 0)
-    retrieval_fraction: float = 0.5  # retrieval_above_chance low when ≤ this × the first pass's (clamped)
+    mi_fraction: float = 0.5  # I(X;Z) low when the contrast is ≤ this × the first pass's (clamped at 0)
     patience: int = 2  # consecutive passes before an axis changes side
 
     def __post_init__(self) -> None:
-        for key in ("entropy_fraction", "mi_fraction", "retrieval_fraction"):
+        for key in ("entropy_fraction", "mi_fraction"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ValueError(
@@ -120,9 +122,7 @@ def is_low(value: float, reference: float, fraction: float) -> bool:
 def axes(now: PassMetrics, first: PassMetrics, th: RegimeThresholds) -> tuple[bool, bool]:
     """(entropy low, input dependence low) of one pass against the first, without patience."""
     entropy_low = is_low(now.cond_entropy, first.cond_entropy, th.entropy_fraction)
-    mi_low = is_low(now.mi_zscore_ema, first.mi_zscore_ema, th.mi_fraction) and is_low(
-        now.retrieval_above_chance, first.retrieval_above_chance, th.retrieval_fraction
-    )
+    mi_low = is_low(now.contrast, first.contrast, th.mi_fraction)
     return entropy_low, mi_low
 
 
@@ -153,6 +153,11 @@ class RegimeState:
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> RegimeState:
         first = state.get("first")
+        if first is not None and set(first) != set(KEYS):
+            # saved before the MI axis read the contrast (its first pass holds mi_zscore_ema): no reference to
+            # compare with, so the next pass becomes the reference and both axes restart healthy; the passes
+            # counted and whether the run already warned are kept
+            return cls(passes=state.get("passes", 0), warned=state.get("warned", False))
         return cls(**{**state, "first": None if first is None else PassMetrics(**first)})
 
 
@@ -211,23 +216,22 @@ def step(state: RegimeState, now: PassMetrics, th: RegimeThresholds) -> Step:
 def evidence(now: PassMetrics, first: PassMetrics, th: RegimeThresholds) -> str:
     """The numbers behind a regime, against the first pass and each threshold, in one line."""
 
-    def part(name: str, value: float, ref: float, fraction: float, unit: str = "") -> str:
-        bound = fraction * max(ref, 0.0)
-        side = "low" if is_low(value, ref, fraction) else "high"
-        return f"{name} {value:.4g}{unit} vs {ref:.4g} at the first pass ({side}: threshold {bound:.4g})"
+    def part(name: str, value: float, ref: float, fraction: float | None, unit: str = "") -> str:
+        if fraction is None:
+            side = "reported, not a vote"
+        else:
+            low = is_low(value, ref, fraction)
+            side = f"{'low' if low else 'high'}: threshold {fraction * max(ref, 0.0):.4g}"
+        return f"{name} {value:.4g}{unit} vs {ref:.4g} at the first pass ({side})"
 
+    nats = " nats/token"
     parts = [
-        part("H(Z|X)", now.cond_entropy, first.cond_entropy, th.entropy_fraction, " nats/token"),
-        part("MI z-score EMA", now.mi_zscore_ema, first.mi_zscore_ema, th.mi_fraction),
-        part(
-            "retrieval above chance",
-            now.retrieval_above_chance,
-            first.retrieval_above_chance,
-            th.retrieval_fraction,
-        ),
+        part("H(Z|X)", now.cond_entropy, first.cond_entropy, th.entropy_fraction, nats),
+        part("contrast", now.contrast, first.contrast, th.mi_fraction, nats),
+        part("retrieval above chance", now.retrieval_above_chance, first.retrieval_above_chance, None),
     ]
-    if first.mi_zscore_ema <= 0 and first.retrieval_above_chance <= 0:
-        parts.append("the first pass was no better than chance either, so the MI thresholds are chance")
+    if first.contrast <= 0:
+        parts.append("the first pass was no better than chance either, so the MI threshold is chance")
     return "; ".join(parts)
 
 

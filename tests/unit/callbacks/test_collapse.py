@@ -31,14 +31,10 @@ FAST = (
     "callbacks.rollout_table=null",
     "callbacks.curves=null",
 )
-# mi_fraction = retrieval_fraction = 1: a value is low when ≤ max(first pass's, 0), which the first pass
-# itself always is; H(Z|X) > 0 stays above half of itself. So the first pass is template collapse, declared
-# at once with patience 1: a deterministic alarm at iteration 0 whatever the random model's numbers.
-ALARM_AT_FIRST_PASS = (
-    "callbacks.collapse.patience=1",
-    "callbacks.collapse.mi_fraction=1",
-    "callbacks.collapse.retrieval_fraction=1",
-)
+# mi_fraction = 1: the contrast is low when ≤ max(first pass's, 0), which the first pass itself always is;
+# H(Z|X) > 0 stays above half of itself. So the first pass is template collapse, declared at once with
+# patience 1: a deterministic alarm at iteration 0 whatever the random model's numbers.
+ALARM_AT_FIRST_PASS = ("callbacks.collapse.patience=1", "callbacks.collapse.mi_fraction=1")
 
 
 @contextmanager
@@ -118,8 +114,8 @@ def test_a_curve_of_another_mode_is_accepted() -> None:
 # ---- a constructed stream of MI passes through the callback ---------------------------------------
 
 
-def _pass(iteration: int, h: float, z: float, r: float, curve: str = "first_turn") -> MIPass:
-    proxies = {"cond_entropy": h, "mi_zscore_ema": z, "retrieval_above_chance": r}
+def _pass(iteration: int, h: float, c: float, r: float, curve: str = "first_turn") -> MIPass:
+    proxies = {"cond_entropy": h, "contrast": c, "retrieval_above_chance": r}
     return MIPass(iteration, {curve: CurvePass(8, 8, 4, proxies)})
 
 
@@ -148,8 +144,8 @@ def test_stream_logs_regimes_on_passes_and_warns_once_with_the_evidence() -> Non
     (warning,) = warnings_of(logged)
     assert warning.startswith("template collapse at iteration 3 (first_turn MI pass 3, patience 2)")
     assert "while H(Z|X) holds" in warning
-    assert "MI z-score EMA 0.2 vs 1 at the first pass (low: threshold 0.5)" in warning
-    assert "retrieval above chance 0.05 vs 0.4 at the first pass (low: threshold 0.2)" in warning
+    assert "contrast 0.2 nats/token vs 1 at the first pass (low: threshold 0.5)" in warning
+    assert "retrieval above chance 0.05 vs 0.4 at the first pass (reported, not a vote)" in warning
     changes = [r.getMessage() for r in logged if r.levelno == logging.INFO]
     assert changes == [
         "regime at iteration 5: template collapse → healthy",
@@ -169,6 +165,26 @@ def test_state_dict_round_trip_continues_the_stream() -> None:
     assert metrics_of(resumed.observe(_pass(2, 1.9, 0.1, 0.0), 2))["diag/regime"] == float(
         Regime.TEMPLATE_COLLAPSE
     )
+
+
+def test_a_checkpoint_with_the_z_score_reference_restarts_the_reference() -> None:
+    old = {  # the state the monitor saved when its MI axis read mi_zscore_ema
+        "first": {"cond_entropy": 2.0, "mi_zscore_ema": 1.0, "retrieval_above_chance": 0.4},
+        **{"passes": 3, "entropy_low": False, "mi_low": True, "entropy_streak": 0, "mi_streak": 0},
+        "warned": True,
+    }
+    monitor = CollapseMonitor(patience=1)
+    with records() as logged:
+        monitor.load_state_dict(old)
+    assert [r.getMessage() for r in logged] == [
+        "collapse monitor: the checkpoint's reference pass has no contrast; the next MI pass replaces it"
+    ]
+    assert monitor.state == RegimeState(passes=3, warned=True)
+    # the next pass is the reference (healthy against itself); a collapse after it does not warn again
+    assert metrics_of(monitor.observe(_pass(3, 1.9, 0.9, 0.35), 3))["diag/regime"] == 0.0
+    with records() as logged:
+        assert metrics_of(monitor.observe(_pass(4, 1.9, 0.1, 0.35), 4))["diag/regime"] == 1.0
+    assert not warnings_of(logged) and monitor.state.first == PassMetrics(1.9, 0.9, 0.35)
 
 
 # ---- real tiny runs -------------------------------------------------------------------------------
@@ -212,7 +228,7 @@ def test_resume_restores_the_state_and_does_not_warn_again(warned, tmp_path: Pat
     state = saved_state(str(resumed_dir))
     assert state.passes == 2 and state.warned and state.first == first
     # patience 1: the declared regime is this pass's own, against the first pass of the original run
-    expected = classify(pass_of(row), first, RegimeThresholds(mi_fraction=1.0, retrieval_fraction=1.0))
+    expected = classify(pass_of(row), first, RegimeThresholds(mi_fraction=1.0))
     assert float(row["diag/regime"]) == float(expected) == float(state.regime)
 
 
@@ -241,8 +257,8 @@ from ragen2.callbacks import CollapseMonitor
 from ragen2.diagnostics.findings import Findings
 from ragen2.diagnostics.mi_pass import CurvePass, MIPass
 
-HEALTHY = {"cond_entropy": 2.0, "mi_zscore_ema": 1.0, "retrieval_above_chance": 0.4}
-TEMPLATE = {"cond_entropy": 1.9, "mi_zscore_ema": 0.1, "retrieval_above_chance": 0.0}
+HEALTHY = {"cond_entropy": 2.0, "contrast": 1.0, "retrieval_above_chance": 0.4}
+TEMPLATE = {"cond_entropy": 1.9, "contrast": 0.1, "retrieval_above_chance": 0.0}
 
 
 class Streams(L.Callback):

@@ -106,7 +106,7 @@ def test_measure_on_a_real_batch(batch: RolloutBatch, tiny_model) -> None:
         assert f"diag/first_turn/{key}" in out
     assert out["diag/first_turn/retrieval_chance"] == pytest.approx(1 / out["diag/first_turn/columns"])
     # what the collapse monitor reads: the curve's logged numbers, as an object
-    keys = ("cond_entropy", "mi_zscore_ema", "retrieval_above_chance")
+    keys = ("cond_entropy", "contrast", "retrieval_above_chance")
     assert found.regime_input("first_turn") == PassMetrics(*(out[f"diag/first_turn/{k}"] for k in keys))
     assert found.regime_input("trajectory") is None  # a curve the pass lacks
 

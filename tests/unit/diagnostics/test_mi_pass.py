@@ -10,7 +10,13 @@ from ragen2.diagnostics.gradients import GradientPass
 from ragen2.diagnostics.mi_pass import CurvePass, MIPass
 from ragen2.diagnostics.regimes import PassMetrics, Regime, RegimeReading
 
-PROXIES = {"mi_est": 0.25, "cond_entropy": 1.5, "mi_zscore_ema": 0.3, "retrieval_above_chance": 0.1}
+PROXIES = {
+    "mi_est": 0.25,
+    "cond_entropy": 1.5,
+    "mi_zscore_ema": 0.3,
+    "contrast": 0.7,
+    "retrieval_above_chance": 0.1,
+}
 
 
 def test_as_metrics_names_every_curve_s_numbers_and_the_cost() -> None:
@@ -38,11 +44,13 @@ def test_as_metrics_names_every_curve_s_numbers_and_the_cost() -> None:
 
 def test_the_regimes_read_three_finite_numbers_of_a_curve() -> None:
     found = MIPass(3, {"trajectory": CurvePass(8, 8, 8, PROXIES), "first_turn": CurvePass(0)})
-    assert found.regime_input("trajectory") == PassMetrics(1.5, 0.3, 0.1)
+    assert found.regime_input("trajectory") == PassMetrics(1.5, 0.7, 0.1)  # the z-score is not read
     assert found.regime_input("first_turn") is None  # no MI on the curve
     assert found.regime_input("turn_2") is None  # no such curve
-    nan = CurvePass(8, 8, 8, {**PROXIES, "mi_zscore_ema": math.nan})
+    nan = CurvePass(8, 8, 8, {**PROXIES, "contrast": math.nan})
     assert MIPass(3, {"trajectory": nan}).regime_input("trajectory") is None
+    z_nan = CurvePass(8, 8, 8, {**PROXIES, "mi_zscore_ema": math.nan})  # logged, but no input of the regimes
+    assert MIPass(3, {"trajectory": z_nan}).regime_input("trajectory") == PassMetrics(1.5, 0.7, 0.1)
 
 
 def test_findings_log_only_the_iteration_s_own_passes() -> None:

@@ -1,8 +1,8 @@
 """The four regimes and the patient classifier, on constructed streams of MI passes.
 
-Every stream starts from the same first pass FIRST = (H(Z|X) 2.0, z-score EMA 1.0, retrieval above
-chance 0.4). With the default fractions (0.5) the thresholds are H ≤ 1.0, z ≤ 0.5, retrieval ≤ 0.2
-(halving is exact in floating point, so the boundary cases below are exact).
+Every stream starts from the same first pass FIRST = (H(Z|X) 2.0, contrast 1.0, retrieval above chance
+0.4). With the default fractions (0.5) the thresholds are H ≤ 1.0 and contrast ≤ 0.5 (halving is exact in
+floating point, so the boundary cases below are exact); retrieval is reported, not a vote.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from ragen2.diagnostics.regimes import (
     step,
 )
 
-FIRST = PassMetrics(cond_entropy=2.0, mi_zscore_ema=1.0, retrieval_above_chance=0.4)
+FIRST = PassMetrics(cond_entropy=2.0, contrast=1.0, retrieval_above_chance=0.4)
 HEALTHY = PassMetrics(1.9, 0.9, 0.35)  # both axes above their thresholds
-TEMPLATE = PassMetrics(1.9, 0.1, 0.0)  # entropy held, both MI proxies fallen
+TEMPLATE = PassMetrics(1.9, 0.1, 0.0)  # entropy held, the contrast fallen
 COMPRESSED = PassMetrics(0.6, 0.9, 0.38)  # entropy fallen, MI held
 COLLAPSED = PassMetrics(0.6, 0.1, 0.0)  # both fallen
 
@@ -70,10 +70,11 @@ def test_codes_are_two_bits_and_the_table_matches_them() -> None:
         (COLLAPSED, C),
         (FIRST, H),  # the first pass against itself: above half of every value
         (PassMetrics(1.0, 0.5, 0.2), C),  # exactly at every threshold counts as low
-        (PassMetrics(1.0 + 1e-12, 0.5, 0.2 + 1e-12), H),  # just above H's and retrieval's
-        (PassMetrics(1.9, 0.1, 0.35), H),  # the z-score alone fell: not enough for MI low
-        (PassMetrics(1.9, 0.9, -0.1), H),  # retrieval alone fell (below chance): not enough either
-        (PassMetrics(0.6, 0.1, 0.3), P),  # likewise under low entropy
+        (PassMetrics(1.0 + 1e-12, 0.5 + 1e-12, 0.2), H),  # just above both
+        (PassMetrics(1.9, 0.5, 0.4), T),  # retrieval at its first value, the contrast halved: MI low
+        (PassMetrics(1.9, 1.0, -0.1), H),  # retrieval fell below chance, the contrast held: MI high
+        (PassMetrics(0.6, 0.5, 0.4), C),  # the same two under low entropy
+        (PassMetrics(0.6, 1.0, -0.1), P),
     ],
 )
 def test_one_pass_on_its_own(now: PassMetrics, expected: Regime) -> None:
@@ -81,23 +82,23 @@ def test_one_pass_on_its_own(now: PassMetrics, expected: Regime) -> None:
 
 
 def test_a_first_pass_at_chance_leaves_chance_as_the_threshold() -> None:
-    # z = −0.01, retrieval −0.05: max(·, 0) = 0, so MI is low iff both are ≤ 0 (no better than chance)
+    # contrast −0.01: max(·, 0) = 0, so MI is low iff the contrast is ≤ 0 (no better than chance)
     blind = PassMetrics(2.0, -0.01, -0.05)
     th = RegimeThresholds()
     assert classify(blind, blind, th) == T
     assert classify(PassMetrics(2.0, 0.0, 0.0), blind, th) == T
-    assert classify(PassMetrics(2.0, 0.02, 0.0), blind, th) == H  # the z-score rose above chance
-    assert classify(PassMetrics(2.0, -0.3, 0.1), blind, th) == H  # retrieval rose above chance
+    assert classify(PassMetrics(2.0, 0.02, -0.05), blind, th) == H  # the contrast rose above chance
+    assert classify(PassMetrics(2.0, -0.3, 0.1), blind, th) == T  # retrieval rose: not a vote
     assert "no better than chance either" in evidence(blind, blind, th)
     assert "no better than chance" not in evidence(TEMPLATE, FIRST, th)
 
 
 def test_fraction_zero_is_the_absolute_test_and_one_flags_any_pass_not_above_the_first() -> None:
-    zero = RegimeThresholds(entropy_fraction=0.0, mi_fraction=0.0, retrieval_fraction=0.0)
-    assert classify(TEMPLATE, FIRST, zero) == H  # z 0.1 > 0: some input dependence left
+    zero = RegimeThresholds(entropy_fraction=0.0, mi_fraction=0.0)
+    assert classify(TEMPLATE, FIRST, zero) == H  # contrast 0.1 > 0: some input dependence left
     assert classify(PassMetrics(1.9, -0.01, 0.0), FIRST, zero) == T
     assert classify(PassMetrics(0.0, -0.01, 0.0), FIRST, zero) == C  # H(Z|X) = 0: deterministic reasoning
-    one = RegimeThresholds(entropy_fraction=1.0, mi_fraction=1.0, retrieval_fraction=1.0)
+    one = RegimeThresholds(entropy_fraction=1.0, mi_fraction=1.0)
     assert classify(FIRST, FIRST, one) == C
     assert classify(PassMetrics(2.5, 1.5, 0.5), FIRST, one) == H
 
@@ -159,7 +160,7 @@ def test_patience_counts_per_axis_so_a_hovering_entropy_does_not_hide_lost_mi() 
 def test_state_round_trips_through_a_plain_dict() -> None:
     *_, state = run([FIRST, TEMPLATE, TEMPLATE, COLLAPSED])
     saved = state.to_dict()
-    assert saved["first"] == {"cond_entropy": 2.0, "mi_zscore_ema": 1.0, "retrieval_above_chance": 0.4}
+    assert saved["first"] == {"cond_entropy": 2.0, "contrast": 1.0, "retrieval_above_chance": 0.4}
     assert RegimeState.from_dict(saved) == state
     assert RegimeState.from_dict(RegimeState().to_dict()) == RegimeState()
     # a resumed classifier continues exactly where the original would
@@ -167,12 +168,32 @@ def test_state_round_trips_through_a_plain_dict() -> None:
     assert step(RegimeState.from_dict(saved), COLLAPSED, th) == step(state, COLLAPSED, th)
 
 
+def test_a_state_saved_with_the_z_score_reference_restarts_its_reference() -> None:
+    # the shape the classifier saved when the MI axis read mi_zscore_ema: a template collapse declared
+    # and warned after 4 passes
+    old = {
+        "first": {"cond_entropy": 2.0, "mi_zscore_ema": 1.0, "retrieval_above_chance": 0.4},
+        "passes": 4,
+        "entropy_low": False,
+        "mi_low": True,
+        "entropy_streak": 1,
+        "mi_streak": 0,
+        "warned": True,
+    }
+    state = RegimeState.from_dict(old)
+    assert state == RegimeState(passes=4, warned=True)  # no reference, declared healthy, streaks reset
+    # the next pass is the new reference; the run has warned already, so a later collapse does not again
+    declared, _, began, state = run([HEALTHY, TEMPLATE, TEMPLATE], state=state)
+    assert state.first == HEALTHY and state.passes == 7
+    assert declared == [H, H, T] and began == []
+
+
 @pytest.mark.parametrize(
     ("kwargs", "key"),
     [
         ({"entropy_fraction": 1.5}, "entropy_fraction=1.5"),
         ({"mi_fraction": -0.1}, "mi_fraction=-0.1"),
-        ({"retrieval_fraction": "half"}, "retrieval_fraction='half'"),
+        ({"mi_fraction": "half"}, "mi_fraction='half'"),
         ({"patience": 0}, "patience=0"),
         ({"patience": 2.5}, "patience=2.5"),
     ],
@@ -188,6 +209,6 @@ def test_evidence_states_each_number_against_the_first_pass() -> None:
     text = evidence(TEMPLATE, FIRST, RegimeThresholds())
     assert text == (
         "H(Z|X) 1.9 nats/token vs 2 at the first pass (high: threshold 1); "
-        "MI z-score EMA 0.1 vs 1 at the first pass (low: threshold 0.5); "
-        "retrieval above chance 0 vs 0.4 at the first pass (low: threshold 0.2)"
+        "contrast 0.1 nats/token vs 1 at the first pass (low: threshold 0.5); "
+        "retrieval above chance 0 vs 0.4 at the first pass (reported, not a vote)"
     )
