@@ -1,8 +1,10 @@
 """The organism study's rules (PROTOCOL.md) applied to its collected runs (``results/organism/runs``).
 
     python results/organism/analyze.py engineering     the stage-0 run's LR rule → engineering/engineering.json
-    python results/organism/analyze.py pilot           the pilot's β* rule → pilot/pilot.json, pilot.md, pilot.png
-    python results/organism/analyze.py calibration     every MI proxy against the exact MI → calibration/
+    python results/organism/analyze.py pilot [stage]   the pilot's β* rule → <stage>/<stage>.json, .md, .png
+                                                       (stage: pilot, or a fallback: stronger, p0)
+    python results/organism/analyze.py calibration [stages …]   every MI proxy against the exact MI over the
+                                                       stages' runs (default: the pilot's) → calibration/
 
 Each run is read from ``runs/<stage>/<cell>/s<seed>/metrics.csv.gz`` (``run.py collect``). The measures are the
 protocol's: MI_t and H_t the exact figures of the pass at iteration t, S the mean learnable success over the
@@ -27,10 +29,9 @@ sys.path.insert(0, str(HERE.parents[1] / "bench"))
 from provenance import provenance  # noqa: E402
 
 ITERATION = "train/iteration"
-MI, H = "diag/exact/mi", "diag/exact/cond_entropy"
+MI, H, MASS = "diag/exact/mi", "diag/exact/cond_entropy", "diag/exact/grammar_mass"
 SUCCESS = "rollout/success_learnable"
 LAST = 50  # S: the mean of the last 50 iterations' learnable success
-PILOT_BETAS = (0.003, 0.01, 0.03, 0.1)
 
 
 def _float(value: str | None) -> float | None:
@@ -54,16 +55,18 @@ def passes(rows: list[dict[str, float]], key: str) -> dict[int, float]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One run read by the protocol's measures."""
+    """One run read by the protocol's measures (Amendment 1: the end pass is the last one whose grammar mass is
+    at least ``FORMAT_HELD``)."""
 
     mi0: float
     mi_end: float
     h0: float
     h_end: float
-    end: int  # the iteration of the last pass
+    end: int  # the iteration of the end pass
     success: float  # S
     success0: float  # the mean learnable success over the first 50 iterations
     format_end: float  # the mean format rate over the last 50 iterations
+    format_broke: int | None = None  # the first pass whose grammar mass fell below FORMAT_HELD
 
     @property
     def collapse(self) -> bool:
@@ -74,18 +77,24 @@ class Outcome:
         return self.collapse and self.h_end >= self.h0
 
 
+#: the grammar mass at or above which a pass reads reasonings the policy still writes (Amendment 1)
+FORMAT_HELD = 0.5
+
+
 def _mean_of(values: dict[int, float], iterations: Iterable[int]) -> float:
     picked = [values[i] for i in iterations if i in values]
     return statistics.fmean(picked) if picked else math.nan
 
 
 def outcome(rows: list[dict[str, float]]) -> Outcome:
-    mi, h = passes(rows, MI), passes(rows, H)
+    mi, h, mass = passes(rows, MI), passes(rows, H), passes(rows, MASS)
     if not mi:
         raise ValueError(f"no {MI} in the run: it logged no exact pass")
-    first, end = min(mi), max(mi)
+    held = [i for i in mi if mass.get(i, 1.0) >= FORMAT_HELD]
+    broke = [i for i in mi if mass.get(i, 1.0) < FORMAT_HELD]
+    first, end = min(mi), max(held or mi)
     success, fmt = passes(rows, SUCCESS), passes(rows, "rollout/format_valid_rate")
-    last_iteration = max(success) if success else end
+    last_iteration = max(success) if success else max(mi)
     tail = range(last_iteration - LAST + 1, last_iteration + 1)
     return Outcome(
         mi0=mi[first],
@@ -96,6 +105,7 @@ def outcome(rows: list[dict[str, float]]) -> Outcome:
         success=_mean_of(success, tail),
         success0=_mean_of(success, range(LAST)),
         format_end=_mean_of(fmt, tail),
+        format_broke=min(broke) if broke else None,
     )
 
 
@@ -122,34 +132,46 @@ def engineering() -> dict[str, object]:
     return {"run": f"{key[0]}/s{key[1]}", **asdict(o), "healthy_at_3e-4": healthy}
 
 
-def pilot_rule(outcomes: dict[tuple[float, int], Outcome], seeds: int = 3) -> float | None:
-    """β* = the smallest β at which at least 2 of the seeds reach template collapse with S ≥ 0.2; None if none.
-    A β missing some of its seeds cannot qualify on the missing ones."""
+def pilot_rule(outcomes: dict[tuple[float, int], Outcome], min_success: float | None = None) -> float | None:
+    """β* = the smallest β at which at least 2 of the seeds reach template collapse (Amendment 1); with
+    ``min_success``, also S ≥ it (the rule as first registered: 0.2). None if no β qualifies. A β missing some
+    of its seeds cannot qualify on the missing ones."""
     for beta in sorted({b for b, _ in outcomes}):
-        hits = sum(o.template_collapse and o.success >= 0.2 for (b, _), o in outcomes.items() if b == beta)
+        hits = sum(
+            o.template_collapse and (min_success is None or o.success >= min_success)
+            for (b, _), o in outcomes.items()
+            if b == beta
+        )
         if hits >= 2:
             return beta
     return None
 
 
-def pilot() -> dict[str, object]:
-    found = {(beta_of(cell), seed): outcome(read(folder)) for (cell, seed), folder in runs("pilot").items()}
+def pilot(stage: str = "pilot") -> dict[str, object]:
+    """The pilot's rule on a stage's runs (the pilot's or a fallback's: PROTOCOL.md)."""
+    found = {(beta_of(cell), seed): outcome(read(folder)) for (cell, seed), folder in runs(stage).items()}
     table = [
         {"beta": b, "seed": s, **asdict(o), "collapse": o.collapse, "template_collapse": o.template_collapse}
         for (b, s), o in sorted(found.items())
     ]
-    return {"beta_star": pilot_rule(found), "runs": table, "expected_runs": 12, "found_runs": len(found)}
+    return {
+        "stage": stage,
+        "beta_star": pilot_rule(found),
+        "beta_star_as_registered": pilot_rule(found, min_success=0.2),
+        "runs": table,
+        "found_runs": len(found),
+    }
 
 
 # the proxies compared with the exact MI: (curve, key, its ceiling's column count or None when it has none)
 PROXIES = (
     ("first_turn", "mi_est", 16),
     ("first_turn_c4", "mi_est", 4),
-    ("first_turn_c16", "mi_est", 16),
     ("heldout", "mi_est", 64),
     ("first_turn", "contrast", None),
     ("first_turn", "contrast_seq", None),
     ("heldout", "contrast", None),
+    ("first_turn", "mi_zscore_ema", None),
     ("first_turn", "retrieval_acc", None),
     ("heldout", "retrieval_acc", None),
 )
@@ -168,26 +190,33 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
 
 
-def calibration(stage: str = "pilot") -> dict[str, object]:
-    """Every proxy at every pass of the stage's runs against the exact MI of that pass: Pearson's r over all
+def calibration(stages: list[str]) -> dict[str, object]:
+    """Every proxy at every pass of the stages' runs against the exact MI of that pass: Pearson's r over all
     passes and within runs (each run's changes from its first pass), the mean bias for the MI estimates, and how
     often an estimate sat within 10 % of its ceiling."""
     from ragen2.grids.stats import spearman
 
-    rows_by_run = {key: read(folder) for key, folder in runs(stage).items()}
+    rows_by_run = {(stage, *key): read(folder) for stage in stages for key, folder in runs(stage).items()}
     out: dict[str, object] = {}
     for curve, key, columns in PROXIES:
         name = f"diag/{curve}/{key}"
-        pairs, changes = [], []
+        pairs, changes, held = [], [], []
         for rows in rows_by_run.values():
             exact, proxy = passes(rows, MI), passes(rows, name)
             common = sorted(set(exact) & set(proxy))
             pairs += [(exact[i], proxy[i]) for i in common]
             if common:
-                changes += [(exact[i] - exact[common[0]], proxy[i] - proxy[common[0]]) for i in common[1:]]
+                moved = [(exact[i] - exact[common[0]], proxy[i] - proxy[common[0]]) for i in common[1:]]
+                changes += moved
+                # the runs whose exact MI never halved: the small changes a proxy must follow to warn early
+                if min(exact[i] for i in common) > 0.5 * exact[common[0]]:
+                    held += moved
         if len(pairs) < 3:
             continue
         xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+        halved = [
+            seen for rows in rows_by_run.values() for seen in _halved(passes(rows, MI), passes(rows, name))
+        ]
         entry: dict[str, object] = {
             "passes": len(pairs),
             "pearson": pearson(xs, ys),
@@ -195,7 +224,13 @@ def calibration(stage: str = "pilot") -> dict[str, object]:
             "pearson_of_changes": pearson([c[0] for c in changes], [c[1] for c in changes])
             if len(changes) >= 3
             else None,
+            "spearman_of_changes_held": spearman([c[0] for c in held], [c[1] for c in held])[0]
+            if len(held) >= 3
+            else None,
             "exact_range": [min(xs), max(xs)],
+            # at the passes where the exact MI was at most half its first: the share where the proxy was too
+            "halved_passes": len(halved),
+            "seen_halved": sum(halved) / len(halved) if halved else None,
             "proxy_range": [min(ys), max(ys)],
         }
         if columns is not None and key == "mi_est":
@@ -208,7 +243,17 @@ def calibration(stage: str = "pilot") -> dict[str, object]:
                 "saturation_gap_nats": saturation_gap(columns),
             }
         out[name] = entry
-    return {"stage": stage, "runs": len(rows_by_run), "proxies": out}
+    return {"stages": stages, "runs": len(rows_by_run), "proxies": out}
+
+
+def _halved(exact: dict[int, float], proxy: dict[int, float]) -> list[bool]:
+    """At each pass where the exact MI is at most half its first value: whether the proxy is at most half its
+    first value too (the collapse seen by the proxy, or not)."""
+    common = sorted(set(exact) & set(proxy))
+    if not common:
+        return []
+    first = common[0]
+    return [proxy[i] <= 0.5 * proxy[first] for i in common if exact[i] <= 0.5 * exact[first]]
 
 
 def _table(rows: list[dict[str, object]], keys: list[str]) -> str:
@@ -220,22 +265,49 @@ def _table(rows: list[dict[str, object]], keys: list[str]) -> str:
 
 
 def pilot_markdown(result: dict[str, object]) -> str:
-    keys = ["beta", "seed", "mi0", "mi_end", "h0", "h_end", "success", "collapse", "template_collapse"]
+    keys = [
+        "beta",
+        "seed",
+        "mi0",
+        "mi_end",
+        "h0",
+        "h_end",
+        "end",
+        "format_broke",
+        "success",
+        "template_collapse",
+    ]
     return (
-        f"# Pilot ({result['found_runs']} of {result['expected_runs']} runs)\n\n"
-        f"β* = {result['beta_star']} (PROTOCOL.md: the smallest β at which ≥ 2 of 3 seeds reach template "
-        "collapse with S ≥ 0.2; None: no β qualified)\n\n" + _table(result["runs"], keys) + "\n"  # type: ignore[arg-type]
+        f"# {result['stage']} ({result['found_runs']} runs)\n\n"
+        f"β* = {result['beta_star']} (PROTOCOL.md, Amendment 1: the smallest β at which ≥ 2 of 3 seeds reach "
+        "template collapse at their end pass, the last with grammar mass ≥ 0.5); by the rule as first registered "
+        f"(also S ≥ 0.2): {result['beta_star_as_registered']}. None: no β qualified.\n\n"
+        + _table(result["runs"], keys)  # type: ignore[arg-type]
+        + "\n"
     )
 
 
 def calibration_markdown(result: dict[str, object]) -> str:
     proxies: dict[str, dict[str, object]] = result["proxies"]  # type: ignore[assignment]
     rows = [{"proxy": k, **v} for k, v in proxies.items()]
-    keys = ["proxy", "passes", "pearson", "spearman", "pearson_of_changes", "bias", "saturated_share"]
+    keys = [
+        "proxy",
+        "passes",
+        "pearson",
+        "spearman",
+        "pearson_of_changes",
+        "spearman_of_changes_held",
+        "bias",
+        "saturated_share",
+        "seen_halved",
+    ]
     return (
-        f"# Calibration: each proxy against the exact I(X;Z) ({result['runs']} {result['stage']} runs)\n\n"
-        "pearson_of_changes: each run's change from its first pass, proxy against exact. saturated_share: the "
-        "passes at which an in-batch estimate sat within 10 % of its ceiling log N.\n\n"
+        f"# Calibration: each proxy against the exact I(X;Z) ({result['runs']} runs of "
+        f"{', '.join(result['stages'])})\n\n"  # type: ignore[arg-type]
+        "pearson_of_changes: each run's change from its first pass, proxy against exact; spearman_of_changes_held: "
+        "the same in the runs whose exact MI never halved (the small changes). saturated_share: the "
+        "passes at which an in-batch estimate sat within 10 % of its ceiling log N. seen_halved: at the passes where the "
+        "exact MI was at most half its first value, the share where the proxy was too.\n\n"
         + _table(rows, keys)
         + "\n"
     )
@@ -247,9 +319,10 @@ def plot_pilot(result: dict[str, object], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    found = runs("pilot")
+    found = runs(str(result["stage"]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    colours = dict(zip(PILOT_BETAS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    betas = sorted({beta_of(cell) for cell, _ in found})
+    colours = {b: f"C{i}" for i, b in enumerate(betas)}
     for (cell, _seed), folder in found.items():
         rows, beta = read(folder), beta_of(cell)
         for ax, key in zip(axes, (MI, H)):
@@ -276,17 +349,21 @@ def write(folder: Path, name: str, result: dict[str, object], markdown: str | No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("engineering", "pilot", "calibration"))
+    parser.add_argument(
+        "stages", nargs="*", help="pilot: the stage the rule reads; calibration: the stages pooled"
+    )
     args = parser.parse_args()
     if args.what == "engineering":
         result = engineering()
         write(HERE / "engineering", "engineering", result)
         print(json.dumps(result, indent=1))
     elif args.what == "pilot":
-        result = pilot()
-        write(HERE / "pilot", "pilot", result, pilot_markdown(result))
-        plot_pilot(result, HERE / "pilot" / "pilot.png")
+        stage = (args.stages or ["pilot"])[0]
+        result = pilot(stage)
+        write(HERE / stage, stage, result, pilot_markdown(result))
+        plot_pilot(result, HERE / stage / f"{stage}.png")
     else:
-        result = calibration()
+        result = calibration(args.stages or ["pilot"])
         write(HERE / "calibration", "calibration", result, calibration_markdown(result))
 
 

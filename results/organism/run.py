@@ -76,6 +76,14 @@ def stage(name: str) -> tuple[list[dict[str, str]], list[int], list[str]]:
     if name == "pilot":
         cells = [{"filter": "none", "algo.entropy_coef": b} for b in ("0.003", "0.01", "0.03", "0.1")]
         return cells, [100, 101, 102], CALIBRATION
+    if name == "stronger":  # the pilot's fallback 2 (PROTOCOL.md)
+        return [{"filter": "none", "algo.entropy_coef": "0.3"}], [100, 101, 102], CALIBRATION
+    if name == "p0":  # the pilot's fallback 3
+        cells = [
+            {"filter": "none", "algo.entropy_coef": b, "env.kwargs.zero_variance_share": "0.9"}
+            for b in ("0.01", "0.03", "0.1")
+        ]
+        return cells, [100, 101, 102], CALIBRATION
     b = f"{beta_star():g}"
     if name == "main":
         cells = [
@@ -92,7 +100,9 @@ def stage(name: str) -> tuple[list[dict[str, str]], list[int], list[str]]:
     if name == "negative":
         cells = [{"filter": "none", "algo.entropy_coef": e, "env.kwargs.hops": "1"} for e in ("0", b)]
         return cells, list(range(10)), []
-    sys.exit(f"stage={name!r} is not a stage. Fix: one of engineering, pilot, main, dose, negative")
+    sys.exit(
+        f"stage={name!r} is not a stage. Fix: one of engineering, pilot, stronger, p0, main, dose, negative"
+    )
 
 
 def cell_name(cell: dict[str, str]) -> str:

@@ -1,0 +1,91 @@
+"""results/organism/analyze.py: the protocol's measures and rules on hand-made runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ANALYZE = Path(__file__).resolve().parents[2] / "results" / "organism" / "analyze.py"
+
+
+@pytest.fixture(scope="module")
+def analyze():  # results/ is no package: the script's module, loaded from its file
+    spec = importlib.util.spec_from_file_location("organism_analyze", ANALYZE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(mi: dict[int, float], h: dict[int, float], success: float, iterations: int = 100) -> list[dict]:
+    rows = [
+        {"train/iteration": float(i), "rollout/success_learnable": success, "rollout/format_valid_rate": 1.0}
+        for i in range(iterations)
+    ]
+    for i in mi:
+        rows[i] |= {"diag/exact/mi": mi[i], "diag/exact/cond_entropy": h[i]}
+    return rows
+
+
+def test_outcome_reads_the_first_and_last_pass_and_the_last_50_iterations(analyze) -> None:
+    rows = _rows({0: 3.0, 50: 2.0, 90: 1.4}, {0: 2.0, 50: 2.1, 90: 2.2}, success=0.3)
+    for i in range(50):  # the first 50 iterations at 0.6, the last 50 at 0.3
+        rows[i]["rollout/success_learnable"] = 0.6
+    o = analyze.outcome(rows)
+    assert (o.mi0, o.mi_end, o.h0, o.h_end, o.end) == (3.0, 1.4, 2.0, 2.2, 90)
+    assert o.success == pytest.approx(0.3) and o.success0 == pytest.approx(0.6)
+    assert o.collapse and o.template_collapse  # 1.4 ≤ 1.5 with H up
+    falling = analyze.outcome(_rows({0: 3.0, 90: 1.4}, {0: 2.0, 90: 1.9}, 0.3))
+    assert falling.collapse and not falling.template_collapse  # entropy fell: a collapse, not a template one
+    assert not analyze.outcome(_rows({0: 3.0, 90: 1.6}, {0: 2.0, 90: 2.5}, 0.3)).collapse  # 1.6 > 1.5
+
+
+def test_the_pilot_rule_takes_the_smallest_beta_with_two_of_three(analyze) -> None:
+    o = analyze.Outcome
+    tc = o(3.0, 1.0, 2.0, 2.5, 990, 0.5, 0.5, 1.0)  # template collapse, S 0.5
+    weak = o(3.0, 1.0, 2.0, 2.5, 990, 0.1, 0.5, 1.0)  # template collapse, S < 0.2
+    held = o(3.0, 2.9, 2.0, 2.0, 990, 0.5, 0.5, 1.0)
+    outcomes = {
+        (0.01, 0): tc,
+        (0.01, 1): held,
+        (0.01, 2): held,  # one of three: not enough
+        (0.03, 0): weak,
+        (0.03, 1): weak,
+        (0.03, 2): held,  # two of three, both with S < 0.2
+        (0.1, 0): tc,
+        (0.1, 1): tc,
+        (0.1, 2): held,
+    }
+    assert analyze.pilot_rule(outcomes) == 0.03  # Amendment 1: S is no condition
+    assert analyze.pilot_rule(outcomes, min_success=0.2) == 0.1  # the rule as first registered
+    assert analyze.pilot_rule({k: held for k in outcomes}) is None
+
+
+def test_the_end_pass_is_the_last_with_the_format_held(analyze) -> None:
+    rows = _rows({0: 3.0, 50: 0.1, 90: 0.9}, {0: 2.0, 50: 6.0, 90: 5.0}, success=0.0)
+    for i, mass in ((0, 0.98), (50, 0.99), (90, 0.2)):
+        rows[i]["diag/exact/grammar_mass"] = mass
+    o = analyze.outcome(rows)
+    assert (o.end, o.mi_end, o.h_end, o.format_broke) == (50, 0.1, 6.0, 90)
+    assert o.template_collapse
+
+
+def test_saturation_gap_is_where_the_estimate_is_within_a_tenth_of_log_n(analyze) -> None:
+    for n in (4, 16, 64):
+        gap = analyze.saturation_gap(n)
+        estimate = math.log(n) - math.log(1 + (n - 1) * math.exp(-gap))
+        assert estimate == pytest.approx(0.9 * math.log(n))
+    assert analyze.saturation_gap(4) == pytest.approx(-math.log((4**0.1 - 1) / 3))  # 2.81 nats
+    assert analyze.beta_of("none_b0.03") == 0.03 and analyze.beta_of("none_b0.1_p00.9") == 0.1
+
+
+def test_a_proxy_sees_a_halving_only_where_it_halves_too(analyze) -> None:
+    exact = {0: 4.0, 10: 3.0, 20: 2.0, 30: 1.0}
+    assert analyze._halved(exact, {0: 2.0, 10: 1.9, 20: 1.0, 30: 1.1}) == [True, False]
+    assert analyze._halved(exact, {10: 2.0}) == []  # one common pass: the first, never half of itself
+    assert analyze.pearson([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
