@@ -3,6 +3,7 @@
     python results/organism/analyze.py engineering     the stage-0 run's LR rule → engineering/engineering.json
     python results/organism/analyze.py pilot [stage]   the pilot's β* rule → <stage>/<stage>.json, .md, .png
                                                        (stage: pilot, or a fallback: stronger, p0)
+    python results/organism/analyze.py main            claims (a) and (c) on the main stage → main/main.json, main.md
     python results/organism/analyze.py calibration [stages …]   every MI proxy against the exact MI over the
                                                        stages' runs (default: the pilot's) → calibration/
 
@@ -160,6 +161,84 @@ def pilot(stage: str = "pilot") -> dict[str, object]:
         "beta_star_as_registered": pilot_rule(found, min_success=0.2),
         "runs": table,
         "found_runs": len(found),
+    }
+
+
+def filter_of(cell: str) -> str:
+    """``top_p_b0.1`` → ``top_p`` (run.py's cell names: the filter, then ``b<β>``)."""
+    return cell[: cell.rindex("_b")]
+
+
+def claim_a(none_star: list[Outcome], none_zero: list[Outcome], seeds: int = 20) -> dict[str, object]:
+    """(a): supported when ≥ 15 of the 20 ``none``+β* runs reach template collapse and ≤ 2 of the 20
+    ``none``+β=0 runs collapse; refuted when ≤ 5 of the 20 ``none``+β* runs do; else inconclusive. Fewer runs
+    than ``seeds`` in either arm: partial (the counts and the interval reported, no verdict)."""
+    from ragen2.grids.stats import clopper_pearson
+
+    k, j = sum(o.template_collapse for o in none_star), sum(o.collapse for o in none_zero)
+    out: dict[str, object] = {"template_collapse_at_beta_star": k, "runs_at_beta_star": len(none_star)}
+    out |= {"collapse_at_beta_0": j, "runs_at_beta_0": len(none_zero)}
+    if none_star:
+        out["rate_interval"] = list(clopper_pearson(k, len(none_star)))
+    if len(none_star) < seeds or len(none_zero) < seeds:
+        return out | {"verdict": "partial"}
+    verdict = "supported" if k >= 15 and j <= 2 else "refuted" if k <= 5 else "inconclusive"
+    return out | {"verdict": verdict}
+
+
+def paired_test(
+    arm: dict[int, Outcome], other: dict[int, Outcome], mi0: float, alpha: float = 0.05
+) -> dict[str, object]:
+    """One of (c)'s two tests over the seeds both arms ran: MI_end(arm) − MI_end(other) by the one-sided
+    Wilcoxon signed-rank test, its mean against ¼ of the mean MI₀, and S(arm) − S(other) ≥ −0.05 on average."""
+    from ragen2.grids.stats import wilcoxon_greater
+
+    seeds = sorted(set(arm) & set(other))
+    mi = [arm[s].mi_end - other[s].mi_end for s in seeds]
+    success = [arm[s].success - other[s].success for s in seeds]
+    w, p = wilcoxon_greater(mi) if seeds else (math.nan, math.nan)
+    mean_mi = statistics.fmean(mi) if mi else math.nan
+    mean_s = statistics.fmean(success) if success else math.nan
+    holds = p < alpha and mean_mi > 0.25 * mi0 and mean_s >= -0.05
+    return {"seeds": seeds, "mi_difference_mean": mean_mi, "w_plus": w, "p": p, "margin": 0.25 * mi0} | {
+        "success_difference_mean": mean_s,
+        "holds": bool(holds),
+    }
+
+
+def claim_c(by_arm: dict[str, dict[int, Outcome]], seeds: int = 20) -> dict[str, object]:
+    """(c) at β*: ``top_p`` against ``none`` and against ``random_drop`` (``paired_test``); supported when
+    both hold, refuted when the mean of ``top_p`` − ``none`` is ≤ 0, else inconclusive; partial with fewer than
+    ``seeds`` pairs."""
+    top, none, drop = by_arm.get("top_p", {}), by_arm.get("none", {}), by_arm.get("random_drop", {})
+    everyone = [o for arm in (top, none, drop) for o in arm.values()]
+    mi0 = statistics.fmean(o.mi0 for o in everyone) if everyone else math.nan
+    vs_none, vs_drop = paired_test(top, none, mi0), paired_test(top, drop, mi0)
+    out = {"mean_mi0": mi0, "top_p_vs_none": vs_none, "top_p_vs_random_drop": vs_drop}
+    if min(len(vs_none["seeds"]), len(vs_drop["seeds"])) < seeds:  # type: ignore[arg-type]
+        return out | {"verdict": "partial"}
+    if vs_none["holds"] and vs_drop["holds"]:
+        return out | {"verdict": "supported"}
+    return out | {"verdict": "refuted" if vs_none["mi_difference_mean"] <= 0 else "inconclusive"}  # type: ignore[operator]
+
+
+def main_stage() -> dict[str, object]:
+    """Claims (a) and (c) on the main stage's collected runs (PROTOCOL.md, Amendment 1's measures)."""
+    beta_star = json.loads((HERE / "pilot" / "pilot.json").read_text())["beta_star"]
+    found: dict[tuple[str, float], dict[int, Outcome]] = {}
+    for (cell, seed), folder in runs("main").items():
+        found.setdefault((filter_of(cell), beta_of(cell)), {})[seed] = outcome(read(folder))
+    at_star = {f: arms for (f, b), arms in found.items() if b == beta_star}
+    table = [
+        {"filter": f, "beta": b, "seed": s, **asdict(o), "template_collapse": o.template_collapse}
+        for (f, b), arms in sorted(found.items())
+        for s, o in sorted(arms.items())
+    ]
+    return {
+        "beta_star": beta_star,
+        "a": claim_a(list(at_star.get("none", {}).values()), list(found.get(("none", 0.0), {}).values())),
+        "c": claim_c(at_star),
+        "runs": table,
     }
 
 
@@ -348,7 +427,7 @@ def write(folder: Path, name: str, result: dict[str, object], markdown: str | No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("engineering", "pilot", "calibration"))
+    parser.add_argument("what", choices=("engineering", "pilot", "main", "calibration"))
     parser.add_argument(
         "stages", nargs="*", help="pilot: the stage the rule reads; calibration: the stages pooled"
     )
@@ -362,6 +441,16 @@ def main() -> None:
         result = pilot(stage)
         write(HERE / stage, stage, result, pilot_markdown(result))
         plot_pilot(result, HERE / stage / f"{stage}.png")
+    elif args.what == "main":
+        result = main_stage()
+        keys = ["filter", "beta", "seed", "mi0", "mi_end", "h_end", "end", "success", "template_collapse"]
+        verdicts = f"(a): {result['a']['verdict']}; (c): {result['c']['verdict']}"  # type: ignore[index]
+        write(
+            HERE / "main",
+            "main",
+            result,
+            f"# Main stage\n\n{verdicts}\n\n" + _table(result["runs"], keys) + "\n",
+        )  # type: ignore[arg-type]
     else:
         result = calibration(args.stages or ["pilot"])
         write(HERE / "calibration", "calibration", result, calibration_markdown(result))

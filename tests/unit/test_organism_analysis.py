@@ -80,7 +80,7 @@ def test_saturation_gap_is_where_the_estimate_is_within_a_tenth_of_log_n(analyze
         gap = analyze.saturation_gap(n)
         estimate = math.log(n) - math.log(1 + (n - 1) * math.exp(-gap))
         assert estimate == pytest.approx(0.9 * math.log(n))
-    assert analyze.saturation_gap(4) == pytest.approx(-math.log((4**0.1 - 1) / 3))  # 2.81 nats
+    assert analyze.saturation_gap(4) == pytest.approx(-math.log((4**0.1 - 1) / 3))  # 3.00 nats
     assert analyze.beta_of("none_b0.03") == 0.03 and analyze.beta_of("none_b0.1_p00.9") == 0.1
 
 
@@ -89,3 +89,40 @@ def test_a_proxy_sees_a_halving_only_where_it_halves_too(analyze) -> None:
     assert analyze._halved(exact, {0: 2.0, 10: 1.9, 20: 1.0, 30: 1.1}) == [True, False]
     assert analyze._halved(exact, {10: 2.0}) == []  # one common pass: the first, never half of itself
     assert analyze.pearson([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
+
+
+def _o(analyze, mi_end: float, h_end: float = 2.5, success: float = 0.5, mi0: float = 3.0):
+    return analyze.Outcome(mi0, mi_end, 2.0, h_end, 990, success, 0.5, 1.0)
+
+
+def test_claim_a_counts_template_collapses_against_the_registered_bounds(analyze) -> None:
+    tc, held = _o(analyze, 1.0), _o(analyze, 2.9)
+    supported = analyze.claim_a([tc] * 15 + [held] * 5, [held] * 18 + [tc] * 2)
+    assert supported["verdict"] == "supported"
+    low, high = supported["rate_interval"][1:]
+    assert 0.5 < low < 0.51 and 0.91 < high < 0.92  # Clopper–Pearson for 15 of 20
+    assert analyze.claim_a([tc] * 15 + [held] * 5, [held] * 17 + [tc] * 3)["verdict"] == "inconclusive"
+    assert analyze.claim_a([tc] * 5 + [held] * 15, [held] * 20)["verdict"] == "refuted"
+    assert analyze.claim_a([tc] * 10 + [held] * 10, [held] * 20)["verdict"] == "inconclusive"
+    assert analyze.claim_a([tc] * 6, [held] * 6)["verdict"] == "partial"
+    assert analyze.filter_of("random_drop_b0.1") == "random_drop" and analyze.filter_of("top_p_b0") == "top_p"
+
+
+def test_claim_c_needs_both_paired_tests_the_margin_and_the_success_bound(analyze) -> None:
+    seeds = range(20)
+    none = {s: _o(analyze, 0.5) for s in seeds}  # collapsed: MI 0.5 of 3.0
+    drop = {s: _o(analyze, 0.6) for s in seeds}
+    top = {s: _o(analyze, 2.0 + 0.01 * s) for s in seeds}  # every difference positive: p = 2^-20
+    result = analyze.claim_c({"none": none, "random_drop": drop, "top_p": top})
+    assert result["verdict"] == "supported"
+    assert result["top_p_vs_none"]["p"] == pytest.approx(2.0**-20)
+    assert result["top_p_vs_none"]["margin"] == pytest.approx(0.75)  # ¼ of MI₀ = 3.0
+    # the same MI gain with success lower by 0.1 on average: the success bound fails
+    worse = {s: _o(analyze, 2.0 + 0.01 * s, success=0.4) for s in seeds}
+    assert analyze.claim_c({"none": none, "random_drop": drop, "top_p": worse})["verdict"] == "inconclusive"
+    # a gain under the margin (0.5 < 0.75): inconclusive; a loss: refuted
+    small = {s: _o(analyze, 1.0 + 0.001 * s) for s in seeds}
+    assert analyze.claim_c({"none": none, "random_drop": drop, "top_p": small})["verdict"] == "inconclusive"
+    lower = {s: _o(analyze, 0.4) for s in seeds}
+    assert analyze.claim_c({"none": none, "random_drop": drop, "top_p": lower})["verdict"] == "refuted"
+    assert analyze.claim_c({"none": dict(list(none.items())[:5]), "top_p": top})["verdict"] == "partial"
