@@ -7,6 +7,8 @@
 First turns of N held-out instance seeds × K samples (or the first turns of one iteration of a saved-rollouts
 JSONL) are cross-scored under the model and written up by ``ragen2.diagnostics.report``: metrics.json,
 heatmap.png, quadrant.png, ranks.png, rows.jsonl and index.md in ``output`` (default: the Hydra run folder).
+An ``output`` that cannot be written or holds what is read (the rollouts file, the checkpoint) is refused before
+anything loads (``ragen2.outputs``), and so is one that holds a report, unless ``overwrite=true``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ragen2._env import set_defaults
 set_defaults()
 
 from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -23,17 +26,19 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from ragen2.cli import hydra_program, task_overrides  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
+from ragen2.outputs import Output, check_output  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
 
 def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
     """Refuse settings that cannot work before anything loads; returns the quadrant's splits, the saved
     rollouts' records (none when sampling) and the iteration to read of them."""
-    from ragen2.diagnostics.report import Splits, chosen_iteration, read_jsonl
+    from ragen2.diagnostics.report import REPORT_FILES, Splits, chosen_iteration, read_jsonl
 
     for key, example in (("seed", 0), ("num_seeds", 8), ("samples", 4), ("max_batch_tokens", 512)):
         check_type(key, cfg[key], int, example)
     check_type("iteration", cfg.iteration, int | None, 0)
+    check_type("overwrite", cfg.overwrite, bool, False)
     if cfg.num_seeds < 2:
         raise ConfigError(
             f"num_seeds={cfg.num_seeds}: MI compares prompts, so it needs at least 2. Fix: num_seeds=8"
@@ -54,6 +59,8 @@ def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
         raise ConfigError(
             f"splits={splits}: {err}. Fix: e.g. splits.mi_fraction=0.1 splits.entropy=0.5"
         ) from None
+    report = Output.report("output", Path(str(cfg.output)), REPORT_FILES)
+    check_output(report, {"rollouts": cfg.rollouts, "checkpoint": cfg.checkpoint}, cfg.overwrite)
     if cfg.rollouts is None:
         return quadrant, [], None
     records = read_jsonl(cfg.rollouts)  # the whole file, now: a bad one is refused before the model loads

@@ -9,9 +9,10 @@ them (``env=sokoban``, ``env.max_turns=5``).
 
 Results are written as they come: ``<output stem>.seeds.jsonl`` (``eval.seeds.jsonl`` beside ``eval.json``)
 gets one line per seed and phase (greedy, sampled, oracle) as soon as that seed's episodes have ended, and
-``output`` the summary at the end; an interrupted evaluation keeps every seed it finished. Settings that
-cannot work (counts, ``ks`` beyond ``samples``, an ``output`` that cannot be written) are refused before
-anything loads.
+``output`` the summary at the end (written atomically: a full disk keeps the earlier file); an interrupted
+evaluation keeps every seed it finished. Settings that cannot work (counts, ``ks`` beyond ``samples``, an
+``output`` that cannot be written or is the checkpoint, ``ragen2.outputs``) are refused before anything loads,
+and so is an ``output`` that holds an earlier evaluation's files, unless ``overwrite=true``.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ set_defaults()
 import json  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, TextIO, cast  # noqa: E402
+from typing import Any, cast  # noqa: E402
 
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
 from ragen2.cli import hydra_program, task_overrides  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
-from ragen2.run_folder import unwritable  # noqa: E402
+from ragen2.outputs import Output, check_output, write_atomic  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
 
@@ -58,21 +59,17 @@ def check(cfg: DictConfig) -> Path:
             f"and samples={cfg.samples}. Fix: samples={max(beyond)}, or ks=[{kept}]"
         )
     check_type("oracle", cfg.oracle, bool, True)
+    check_type("overwrite", cfg.overwrite, bool, False)
     out = Path(str(cfg.output)).expanduser()
     if out.is_dir():
         raise ConfigError(f"output={out} is a folder. Fix: output={out / 'eval.json'}")
-    problem = unwritable(out.parent.absolute())
-    if problem:
-        raise ConfigError(
-            f"output={out} cannot be written: {problem}. Fix: output=<a file in a writable folder>"
-        )
+    check_output(Output.file("output", out, records_path(out)), {"checkpoint": cfg.checkpoint}, cfg.overwrite)
     return out
 
 
-def open_records(out: Path) -> TextIO:
-    """The per-seed results file beside ``out`` (``eval.json`` -> ``eval.seeds.jsonl``), opened for writing."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return out.with_name(f"{out.stem}.seeds.jsonl").open("w")
+def records_path(out: Path) -> Path:
+    """The per-seed results file beside ``out`` (``eval.json`` -> ``eval.seeds.jsonl``)."""
+    return out.with_name(f"{out.stem}.seeds.jsonl")
 
 
 def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
@@ -107,7 +104,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
         "device": str(place.device()),
         "precision": str(place.precision),
     }
-    with open_records(out) as records, place.autocast():
+    with records_path(out).open("w") as records, place.autocast():
 
         def write(record: dict[str, Any]) -> None:
             records.write(json.dumps(record) + "\n")
@@ -123,7 +120,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
             oracle=cfg.oracle,
             record=write,
         )
-    out.write_text(json.dumps({**about, **results}, indent=2))
+    write_atomic(out, json.dumps({**about, **results}, indent=2))  # a full disk keeps the earlier file
     width = max(len(k) for k in results)
     print("\n".join(f"{key:<{width}}  {results[key]:.4f}" for key in sorted(results)))
     log.info("eval results: %s (per seed: %s)", out, records.name)

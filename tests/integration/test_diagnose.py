@@ -110,7 +110,7 @@ def test_reads_a_runs_saved_rollouts(tmp_path: Path) -> None:
     ]
     assert diag.info["source"].endswith("iteration 0, first turns")
 
-    capped, _ = _diagnose(tmp_path, f"rollouts={saved}", "num_seeds=2", "samples=1")
+    capped, _ = _diagnose(tmp_path / "capped", f"rollouts={saved}", "num_seeds=2", "samples=1")
     assert len(capped.rows) == 2 and capped.scores.logp_sum.shape == (2, 2)
 
 

@@ -65,7 +65,7 @@ def test_eval_of_a_checkpoint_uses_the_runs_own_settings(train, tmp_path: Path) 
     ckpt = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
 
     def evaluate(*overrides: str) -> dict:
-        out = tmp_path / f"eval{len(overrides)}.json"
+        out = tmp_path / f"eval{len(list(tmp_path.glob('eval*.json')))}.json"  # a new file each time
         args = [
             f"checkpoint={ckpt}",
             "rollout=scripted",

@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
 from ragen2.log import log
+from ragen2.outputs import replacing
 from ragen2.resume import rotated
 
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM  # the shell's status for a process ended by SIGTERM
@@ -120,15 +121,6 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path, target: Path) -> No
         ) from None
 
 
-def _fsync_folder(folder: Path) -> None:
-    """Make the renames in ``folder`` durable (a rename lives in the folder's entry, not in the file)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _loads(path: Path) -> bool:
     """Whether ``path`` is a whole checkpoint (its weights are not read: this writer never saves non-finite ones)."""
     from ragen2.models.checkpoint import CheckpointError, read_checkpoint
@@ -157,15 +149,9 @@ class DurableCheckpointIO(TorchCheckpointIO):
         target.parent.mkdir(parents=True, exist_ok=True)
         for stale in target.parent.glob(f".{target.name}.*.tmp"):  # left by a process killed mid-write
             stale.unlink(missing_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
+        with replacing(target) as tmp:
             write_checkpoint(checkpoint, tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        self._rotate(target)
-        os.replace(tmp, target)
-        _fsync_folder(target.parent)
+            self._rotate(target)  # only once the new save is whole: a failed write rotates nothing
 
     def _rotate(self, target: Path) -> None:
         """``last.ckpt`` → ``last.1.ckpt`` → … → ``last.<keep-1>.ckpt``; older ones (a larger ``keep`` before) go."""

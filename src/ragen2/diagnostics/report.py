@@ -39,6 +39,7 @@ from ragen2.diagnostics.mi import mi_metrics, per_token, true_rank
 from ragen2.diagnostics.regimes import Regime
 from ragen2.errors import ConfigError
 from ragen2.log import log
+from ragen2.outputs import write_atomic
 
 
 @dataclass(frozen=True)
@@ -456,9 +457,14 @@ def _index_md(diag: Diagnosis, wrong: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: the files of a report folder, in the order ``write_report`` writes them
+REPORT_FILES = ("metrics.json", "rows.jsonl", "heatmap.png", "quadrant.png", "ranks.png", "index.md")
+
+
 def write_report(diag: Diagnosis, folder: str | Path, limit: int = 10) -> Path:
-    """Write the report folder (``metrics.json``, PNGs, ``rows.jsonl``, ``index.md``); returns it."""
-    folder = Path(folder)
+    """Write the report folder (``REPORT_FILES``); returns it. The JSON and Markdown files are written
+    atomically (``ragen2.outputs.write_atomic``): a failure keeps each one's earlier version, or none."""
+    folder = Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     wrong = misretrieved(diag, limit)
     record = {
@@ -468,20 +474,21 @@ def write_report(diag: Diagnosis, folder: str | Path, limit: int = 10) -> Path:
         "misretrieved": wrong,
         **{k: v for k, v in diag.info.items() if k not in ("region", "splits")},
     }
-    (folder / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_atomic(folder / "metrics.json", json.dumps(record, indent=2) + "\n")
     token_scores = per_token(diag.scores.logp_sum, diag.scores.num_tokens)
-    with (folder / "rows.jsonl").open("w") as f:
-        for r, row in enumerate(diag.rows):
-            item = {
-                "seed": row.seed,
-                "sample": row.sample,
-                "column": int(diag.scores.prompt_index[r]),
-                "rank": int(diag.rank[r]),
-                "num_tokens": int(diag.scores.num_tokens[r]),
-                "logp_per_token": [round(v, 5) for v in token_scores[r].tolist()],
-                "reasoning": row.reasoning,
-            }
-            f.write(json.dumps(item) + "\n")
+    items = (
+        {
+            "seed": row.seed,
+            "sample": row.sample,
+            "column": int(diag.scores.prompt_index[r]),
+            "rank": int(diag.rank[r]),
+            "num_tokens": int(diag.scores.num_tokens[r]),
+            "logp_per_token": [round(v, 5) for v in token_scores[r].tolist()],
+            "reasoning": row.reasoning,
+        }
+        for r, row in enumerate(diag.rows)
+    )
+    write_atomic(folder / "rows.jsonl", "".join(json.dumps(item) + "\n" for item in items))
     _plots(diag, folder)
-    (folder / "index.md").write_text(_index_md(diag, wrong))
+    write_atomic(folder / "index.md", _index_md(diag, wrong))
     return folder
