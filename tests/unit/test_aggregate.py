@@ -576,7 +576,8 @@ def test_the_default_arms_pair_the_grid_by_seed(tmp_path: Path, capsys: pytest.C
     # (0.25 − 0.5, 0.5 − 1.0) = (−0.25, −0.5): mean −0.375, half 12.706205 · 0.176777/√2 = 1.588276
     assert "paired filter=top_p − none, all runs: 2 pairs, 1 unpaired; final_success -0.375 ± 1.6" in printed
     text = (tmp_path / "out" / "aggregate_paired.md").read_text()
-    assert "| final_success | `rollout/success` | 2 | 0.375 | 0.75 | -0.375 ± 1.6 | 0 / 2 |" in text
+    # the one-sided Wilcoxon p-values: both differences negative, so P(W+ ≥ 0) = 1 and P(W− ≥ 3) = 1/4
+    assert "| final_success | `rollout/success` | 2 | 0.375 | 0.75 | -0.375 ± 1.6 | 0 / 2 | 1 / 0.25 |" in text
     assert (
         "| job 2 | filter=top_p seed=2 | its filter=none partner (job 5) is left out: 1 of 2 iterations"
         in text
@@ -585,6 +586,7 @@ def test_the_default_arms_pair_the_grid_by_seed(tmp_path: Path, capsys: pytest.C
         row = next(r for r in csv.DictReader(f) if r["quantity"] == "final_success")
     assert (row["pairs"], row["seeds"], row["mean_top_p"], row["mean_none"]) == ("2", "0, 1", "0.375", "0.75")
     assert float(row["ci_high"]) == pytest.approx(-0.375 + 1.588276, abs=1e-6)
+    assert (float(row["wilcoxon_p_greater"]), float(row["wilcoxon_p_less"])) == (1.0, 0.25)
     # arms named: min_p against top_p, one pair (seed 0): 0.5 − 0.25 on rollout/success
     main([str(grid), "--out", str(tmp_path / "named"), "--pair", "filter=min_p,top_p", "--steps", "0"])
     assert (

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from ragen2.grids.mi import mi_curves
 from ragen2.grids.runs import AggregateError, Run
-from ragen2.grids.stats import Interval, ci95
+from ragen2.grids.stats import Interval, ci95, wilcoxon_greater
 from ragen2.grids.steps import MATCHED, at_step, by_steps, default_steps
 from ragen2.grids.table import METRICS, SEED_KEY, cell_of, fmt, label, md_cell, number, pick_key, run_value
 
@@ -108,6 +108,13 @@ class Difference(NamedTuple):
     def signs(self) -> tuple[int, int]:
         """(pairs with a > b, pairs with a < b)."""
         return sum(a > b for _, a, b in self.pairs), sum(a < b for _, a, b in self.pairs)
+
+    @property
+    def wilcoxon(self) -> tuple[float, float]:
+        """The paired one-sided Wilcoxon signed-rank p-values of a > b and of a < b (a study pre-registers one
+        direction; zero differences dropped; NaN without a nonzero one)."""
+        diffs = [a - b for _, a, b in self.pairs]
+        return wilcoxon_greater(diffs)[1], wilcoxon_greater([-d for d in diffs])[1]
 
 
 def difference(pairs: Sequence[Pair], key: str | None, read: Callable[[Run], float | None]) -> Difference:
@@ -215,13 +222,24 @@ def compare(
     return list(comparisons.values())
 
 
+#: the paired columns' last header: the one-sided Wilcoxon signed-rank p-values of a > b and of a < b
+WILCOXON = "Wilcoxon p: > / <"
+
+
 def _cells(diff: Difference) -> list[str]:
-    """pairs, each arm's mean, a − b (mean ± half-width, non-finite pairs), the signs."""
+    """pairs, each arm's mean, a − b (mean ± half-width, non-finite pairs), the signs, the Wilcoxon p-values."""
     a, b = diff.means
     up, down = diff.signs
     count = f" (+{diff.nonfinite} non-finite)" if diff.nonfinite else ""
     means = [f"{a:.3g}", f"{b:.3g}"] if diff.pairs else ["—", "—"]
-    return [str(len(diff.pairs)), *means, f"{fmt(diff.interval)}{count}", f"{up} / {down}"]
+    p_up, p_down = (f"{p:.3g}" if math.isfinite(p) else "—" for p in diff.wilcoxon)
+    return [
+        str(len(diff.pairs)),
+        *means,
+        f"{fmt(diff.interval)}{count}",
+        f"{up} / {down}",
+        f"{p_up} / {p_down}",
+    ]
 
 
 def _line(cells: Sequence[str]) -> str:
@@ -237,7 +255,7 @@ def comparison_markdown(comparison: Comparison, arms: Arms, others: Sequence[str
     """One comparison's section of aggregate_paired.md."""
     seeds = ", ".join(p.seed for p in comparison.pairs) or "none"
     lines = [f"## {label(others, comparison.values)}: {len(comparison.pairs)} pairs (seeds {seeds})", ""]
-    header = ["metric", "column", "pairs", arms.a, arms.b, f"{arms.a} − {arms.b}", "> 0 / < 0"]
+    header = ["metric", "column", "pairs", arms.a, arms.b, f"{arms.a} − {arms.b}", "> 0 / < 0", WILCOXON]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += [
         _line([name, f"`{d.key}`" if d.key else "—", *_cells(d)]) for name, d in comparison.metrics.items()
@@ -272,7 +290,7 @@ def comparison_markdown(comparison: Comparison, arms: Arms, others: Sequence[str
             "counts the steps before its iteration's update).",
         ]
         for key, diffs in comparison.matched.items():
-            header = ["steps", "pairs", arms.a, arms.b, f"{arms.a} − {arms.b}", "> 0 / < 0"]
+            header = ["steps", "pairs", arms.a, arms.b, f"{arms.a} − {arms.b}", "> 0 / < 0", WILCOXON]
             lines += ["", f"`{key}`:", "", _line(header), "|" + "---|" * len(header)]
             lines += [_line([f"{step:g}", *_cells(d)]) for step, d in zip(comparison.steps, diffs)]
     return lines
@@ -286,6 +304,7 @@ def write_csv(
     a, b = (arms.a, arms.b) if arms is not None else ("a", "b")
     columns = [*others, "quantity", "steps", "column", "pairs", "nonfinite", "seeds"]
     columns += [f"mean_{a}", f"mean_{b}", "mean_diff", "ci_low", "ci_high", "positive", "negative"]
+    columns += ["wilcoxon_p_greater", "wilcoxon_p_less"]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
@@ -298,5 +317,6 @@ def write_csv(
                     [*c.values, quantity, steps, d.key or "", len(d.pairs), d.nonfinite, seeds]
                     + [number(v) for v in (*d.means, *d.interval)]
                     + list(d.signs)
+                    + [number(v) for v in d.wilcoxon]
                 )
     return path
