@@ -222,12 +222,94 @@ def claim_c(by_arm: dict[str, dict[int, Outcome]], seeds: int = 20) -> dict[str,
     return out | {"verdict": "refuted" if vs_none["mi_difference_mean"] <= 0 else "inconclusive"}  # type: ignore[operator]
 
 
+BUCKETS = tuple(f"q{i}" for i in range(1, 7))
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ys on xs."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else math.nan
+
+
+def gradient_slopes(rows: list[dict[str, float]]) -> dict[str, float]:
+    """(b1)'s per-run numbers: at each gradient pass, the slope of the task gradient's norm (and the entropy
+    term's) on the buckets' mean reward variance over the buckets that hold groups (two or more of them), each
+    also divided by that pass's mean norm; the run's value is the mean over its passes."""
+    task, entropy, task_scaled, entropy_scaled = [], [], [], []
+    for row in rows:
+        held = [b for b in BUCKETS if row.get(f"grad/{b}/groups", 0.0) > 0]
+        if len(held) < 2:
+            continue
+        rv = [row[f"grad/{b}/rv_mean"] for b in held]
+        for key, raw, scaled in (("task", task, task_scaled), ("entropy", entropy, entropy_scaled)):
+            norms = [row.get(f"grad/{b}/{key}", 0.0) for b in held]
+            slope, mean = _slope(rv, norms), statistics.fmean(norms)
+            if math.isfinite(slope):
+                raw.append(slope)
+                scaled.append(slope / mean if mean > 0 else 0.0)
+    mean = lambda v: statistics.fmean(v) if v else math.nan  # noqa: E731
+    return {
+        "passes": len(task),
+        "task": mean(task),
+        "entropy": mean(entropy),
+        "task_scaled": mean(task_scaled),
+        "entropy_scaled": mean(entropy_scaled),
+    }
+
+
+def claim_b1(per_run: list[dict[str, float]]) -> dict[str, object]:
+    """(b1) over the ``none`` runs: the mean task slope's 95 % bootstrap interval (over runs) above 0, and the
+    entropy term's scaled slope below a quarter of the task's scaled slope."""
+    from ragen2.grids.stats import bootstrap_mean_interval
+
+    runs_ = [r for r in per_run if r["passes"] > 0 and math.isfinite(r["task"])]
+    if not runs_:
+        return {"runs": 0, "verdict": "partial"}
+    interval = bootstrap_mean_interval([r["task"] for r in runs_])
+    task_scaled = statistics.fmean(r["task_scaled"] for r in runs_)
+    entropy_scaled = statistics.fmean(r["entropy_scaled"] for r in runs_)
+    holds = interval.low > 0 and entropy_scaled < 0.25 * task_scaled
+    refuted = interval.mean <= 0
+    return {
+        "runs": len(runs_),
+        "task_slope": list(interval),
+        "task_scaled": task_scaled,
+        "entropy_scaled": entropy_scaled,
+        "holds": holds,
+        "verdict": "supported" if holds else "refuted" if refuted else "inconclusive",
+    }
+
+
+def claim_b2(points: list[tuple[float, float, bool]]) -> dict[str, object]:
+    """(b2): the logistic fit of collapse (0/1) on log(β/(1 − p₀)) over the ``none`` runs at β*, one point
+    (β, p₀, template collapse) a run; a positive slope with a Wald p below 0.05 holds, a slope ≤ 0 refutes."""
+    from ragen2.grids.stats import logistic_fit
+
+    if len({p0 for _, p0, _ in points}) < 2:
+        return {"runs": len(points), "verdict": "partial"}
+    xs = [math.log(b / (1 - p0)) for b, p0, _ in points]
+    fit = logistic_fit(xs, [int(c) for _, _, c in points])
+    verdict = (
+        "supported"
+        if fit.slope > 0 and fit.p_value < 0.05
+        else "refuted"
+        if fit.slope <= 0
+        else "inconclusive"
+    )
+    return {"runs": len(points), **fit._asdict(), "verdict": verdict}
+
+
 def main_stage() -> dict[str, object]:
     """Claims (a) and (c) on the main stage's collected runs (PROTOCOL.md, Amendment 1's measures)."""
     beta_star = json.loads((HERE / "pilot" / "pilot.json").read_text())["beta_star"]
     found: dict[tuple[str, float], dict[int, Outcome]] = {}
+    slopes = []
     for (cell, seed), folder in runs("main").items():
-        found.setdefault((filter_of(cell), beta_of(cell)), {})[seed] = outcome(read(folder))
+        rows = read(folder)
+        found.setdefault((filter_of(cell), beta_of(cell)), {})[seed] = outcome(rows)
+        if filter_of(cell) == "none":
+            slopes.append(gradient_slopes(rows))
     at_star = {f: arms for (f, b), arms in found.items() if b == beta_star}
     table = [
         {"filter": f, "beta": b, "seed": s, **asdict(o), "template_collapse": o.template_collapse}
@@ -238,6 +320,7 @@ def main_stage() -> dict[str, object]:
         "beta_star": beta_star,
         "a": claim_a(list(at_star.get("none", {}).values()), list(found.get(("none", 0.0), {}).values())),
         "c": claim_c(at_star),
+        "b1": claim_b1(slopes),
         "runs": table,
     }
 

@@ -126,3 +126,41 @@ def test_claim_c_needs_both_paired_tests_the_margin_and_the_success_bound(analyz
     lower = {s: _o(analyze, 0.4) for s in seeds}
     assert analyze.claim_c({"none": none, "random_drop": drop, "top_p": lower})["verdict"] == "refuted"
     assert analyze.claim_c({"none": dict(list(none.items())[:5]), "top_p": top})["verdict"] == "partial"
+
+
+def _pass(rv: dict[str, float], task: dict[str, float], entropy: dict[str, float]) -> dict[str, float]:
+    row = {f"grad/{b}/groups": 0.0 for b in ("q1", "q2", "q3", "q4", "q5", "q6")}
+    for b in rv:
+        row |= {f"grad/{b}/groups": 2.0, f"grad/{b}/rv_mean": rv[b], f"grad/{b}/task": task[b]}
+        row[f"grad/{b}/entropy"] = entropy[b]
+    return row
+
+
+def test_gradient_slopes_read_the_buckets_that_hold_groups(analyze) -> None:
+    # task norms 1, 2, 3 over rv 0.1, 0.2, 0.3: slope 10, mean 2, scaled 5; entropy 1, 1, 1: slope 0
+    full = _pass(
+        {"q4": 0.1, "q5": 0.2, "q6": 0.3},
+        {"q4": 1.0, "q5": 2.0, "q6": 3.0},
+        dict.fromkeys(("q4", "q5", "q6"), 1.0),
+    )
+    lone = _pass({"q6": 0.3}, {"q6": 9.0}, {"q6": 9.0})  # one bucket: no slope, the pass left out
+    found = analyze.gradient_slopes([full, lone, {"train/iteration": 5.0}])
+    assert found["passes"] == 1
+    assert found["task"] == pytest.approx(10.0) and found["task_scaled"] == pytest.approx(5.0)
+    assert found["entropy"] == pytest.approx(0.0) and found["entropy_scaled"] == pytest.approx(0.0)
+    b1 = analyze.claim_b1([found] * 5)
+    assert b1["verdict"] == "supported" and b1["task_slope"][1] == pytest.approx(10.0)
+    flat = dict(found, task=-1.0, task_scaled=-0.5)
+    assert analyze.claim_b1([flat] * 5)["verdict"] == "refuted"
+    assert analyze.claim_b1([])["verdict"] == "partial"
+
+
+def test_claim_b2_fits_collapse_on_the_regulariser_to_task_ratio(analyze) -> None:
+    # at β 0.1: p₀ 0.5 → x = log 0.2, p₀ 0.9 → x = log 1; collapses 2 of 8 and 6 of 8: a 2×2 table whose
+    # slope is the log odds ratio log 9 over the x step log 5, its SE √(4 · (1/6 + 1/2)) / log 5
+    points = [(0.1, 0.5, i < 2) for i in range(8)] + [(0.1, 0.9, i < 6) for i in range(8)]
+    b2 = analyze.claim_b2(points)
+    assert b2["slope"] == pytest.approx(math.log(9) / math.log(5))
+    assert b2["slope_se"] == pytest.approx(math.sqrt(1 / 2 + 1 / 6 + 1 / 6 + 1 / 2) / math.log(5))
+    assert b2["verdict"] == "inconclusive"  # z = log 9 / √(4/3) = 1.90: p = 0.057
+    assert analyze.claim_b2([(0.1, 0.5, False)] * 3)["verdict"] == "partial"
