@@ -9,21 +9,21 @@ model, what ``ragen2-eval`` and vLLM load. ``--adapter`` writes PEFT's adapter f
 (``adapter_config.json``, ``adapter_model.safetensors``, the tokenizer), for loaders that take the base model
 and the adapters apart (``PeftModel.from_pretrained``, vLLM's ``LoRARequest``).
 
-The folder is written beside the destination (``.<name>.<random>.tmp``) and renamed into place once whole,
-so a failed or killed export leaves no half-written folder. A destination that holds files is refused unless
-``--overwrite`` (which replaces the folder as a whole), and a destination that is a file always is.
+The folder is written beside the destination (``.<name>.<random>.tmp``) and renamed into place once whole
+(``ragen2.outputs.replacing_folder``), so a failed or killed export leaves no half-written folder. A
+destination that holds files is refused unless ``--overwrite`` (which replaces the folder as a whole); one
+that is a file, holds the checkpoint, or is, holds or lies in a training run's ``checkpoints/``, ``.hydra/``
+or ``csv/`` always is.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from ragen2._env import set_defaults
 from ragen2.cli import ProgramParser
 from ragen2.errors import ConfigError
+from ragen2.outputs import check_apart, check_no_run, replacing_folder
 from ragen2.run_folder import unwritable
 
 # ragen2-export --help
@@ -39,19 +39,22 @@ NOTES = """\
 The base model is the one the run trained, saved in the checkpoint (--model names it for older ones).
 The folder is written beside the destination and renamed into place once whole: a failed or killed
 export leaves no half-written folder. A destination that holds files is refused unless --overwrite
-(which replaces the folder as a whole), and one that is a file always is.
+(which replaces the folder as a whole); one that is a file, holds the checkpoint, or is, holds or lies
+in a training run's checkpoints/, .hydra/ or csv/ always is.
 Then: ragen2-eval model.name_or_path=<out> (or any HF loader, vLLM included)."""
 
 
-def check_destination(out: str, overwrite: bool = False) -> Path:
-    """Refuse a destination that is a file, holds files (unless ``overwrite``) or cannot be written, before
-    anything loads; returns it."""
+def check_destination(out: str, overwrite: bool = False, checkpoint: str | None = None) -> Path:
+    """Refuse a destination that is a file, holds ``checkpoint`` or a training run's files, holds files
+    (unless ``overwrite``) or cannot be written, before anything loads; returns it."""
     folder = Path(out).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(
             f"out={out} is a file, and the export is a folder (config, weights, tokenizer). Fix: pass a folder "
             "path that does not exist yet"
         )
+    check_apart("out", Path(out), "folder", [folder], {"checkpoint": checkpoint})
+    check_no_run("out", Path(out))
     if folder.is_dir() and any(folder.iterdir()) and not overwrite:
         raise ConfigError(
             f"out={out} already holds files, which the export would replace. Fix: another folder, or "
@@ -61,18 +64,6 @@ def check_destination(out: str, overwrite: bool = False) -> Path:
     if problem:
         raise ConfigError(f"out={out} cannot be written: {problem}. Fix: out=<a folder in a writable place>")
     return folder
-
-
-def _put_in_place(staged: Path, folder: Path) -> None:
-    """Rename the finished ``staged`` folder to ``folder``. A folder with files there (``--overwrite``) is
-    moved aside first and removed once the new one is in place; rename(2) replaces an empty one itself."""
-    if folder.is_dir() and any(folder.iterdir()):
-        old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".old"))
-        os.replace(folder, old)
-        os.replace(staged, folder)
-        shutil.rmtree(old)
-    else:
-        os.replace(staged, folder)
 
 
 def export(
@@ -88,7 +79,7 @@ def export(
     from ragen2.models.checkpoint import CheckpointError, load_policy, read_checkpoint, saved_lora
     from ragen2.models.loading import check_source, load_tokenizer
 
-    folder = check_destination(out, overwrite)
+    folder = check_destination(out, overwrite, checkpoint)
     if name_or_path is not None:
         check_source(name_or_path)
     state = read_checkpoint(checkpoint)
@@ -115,14 +106,9 @@ def export(
             "run trained, with its weights>"
         ) from None
     model.config.use_cache = True
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
-    try:
+    with replacing_folder(folder) as staged:
         model.save_pretrained(staged)
         load_tokenizer(name_or_path).save_pretrained(staged)
-        _put_in_place(staged, folder)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)  # gone already once renamed into place
     return folder
 
 

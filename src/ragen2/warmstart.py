@@ -5,6 +5,10 @@
 
 Every refusal (an env without a solver that explains its moves, an empty demonstration set, a turn format
 the agent loop does not read back, a tokenizer that does not survive saving) comes before the model loads.
+So does the output guard's (``ragen2.outputs``), before the demonstrations: an ``output`` that holds files
+(an earlier warm start's model) unless ``overwrite=true``; one that is, holds or lies in a training run's
+folder, or holds ``model.name_or_path`` or ``run_dir``, always. The folder is built beside ``output`` and
+swapped in once whole.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from ragen2._env import set_defaults
 
 set_defaults()
 
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -20,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from ragen2.cli import hydra_program  # noqa: E402
 from ragen2.config import build, check_seed_and_cap, check_top_level  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
+from ragen2.outputs import Output, check_output, replacing_folder  # noqa: E402
 from ragen2.run_folder import check_writable  # noqa: E402
-from ragen2.settings import check_target_types, settings  # noqa: E402
+from ragen2.settings import check_target_types, check_type, settings  # noqa: E402
 
 
 def check(cfg: DictConfig) -> None:
@@ -31,7 +37,12 @@ def check(cfg: DictConfig) -> None:
     check_top_level(cfg, "warmstart")
     check_seed_and_cap(cfg)
     settings(SFTConfig, OmegaConf.to_container(cfg.sft, resolve=True), "sft")
-    check_writable([(key, str(cfg[key])) for key in ("run_dir", "output")])
+    check_writable([("run_dir", str(cfg.run_dir))])
+    check_type("overwrite", cfg.overwrite, bool, False)
+    source = Path(str(cfg.model.name_or_path)).expanduser()
+    # a hub name is no folder here; the run folder (logs, metrics) must not be swapped away with the model
+    inputs = {"model.name_or_path": source if source.exists() else None, "run_dir": str(cfg.run_dir)}
+    check_output(Output.model("output", Path(str(cfg.output))), inputs, cfg.overwrite)
     check_target_types(cfg)
 
 
@@ -40,7 +51,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     import json
     import time
     from dataclasses import asdict
-    from pathlib import Path
 
     import lightning as L
 
@@ -78,8 +88,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "seconds": time.perf_counter() - start,
     }
     if trainer.is_global_zero:
-        module.save(folder, datamodule.tokenizer)
-        (folder / "warmstart.json").write_text(json.dumps(record, indent=2))
+        with replacing_folder(folder) as staged:
+            module.save(staged, datamodule.tokenizer)
+            (staged / "warmstart.json").write_text(json.dumps(record, indent=2))
         log.info(
             "warm start: loss %.4f -> %.4f, saved to %s", record["loss_first"], record["loss_last"], folder
         )
