@@ -258,9 +258,10 @@ def gradient_slopes(rows: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def claim_b1(per_run: list[dict[str, float]]) -> dict[str, object]:
-    """(b1) over the ``none`` runs: the mean task slope's 95 % bootstrap interval (over runs) above 0, and the
-    entropy term's scaled slope below a quarter of the task's scaled slope."""
+def claim_b1(per_run: list[dict[str, float]], expected: int = 40) -> dict[str, object]:
+    """(b1) over the main stage's ``none`` runs (both β: ``expected`` of them): the mean task slope's 95 %
+    bootstrap interval (over runs) above 0, and the entropy term's scaled slope below a quarter of the task's
+    scaled slope; partial (numbers, no verdict) while runs are missing."""
     from ragen2.grids.stats import bootstrap_mean_interval
 
     runs_ = [r for r in per_run if r["passes"] > 0 and math.isfinite(r["task"])]
@@ -277,7 +278,13 @@ def claim_b1(per_run: list[dict[str, float]]) -> dict[str, object]:
         "task_scaled": task_scaled,
         "entropy_scaled": entropy_scaled,
         "holds": holds,
-        "verdict": "supported" if holds else "refuted" if refuted else "inconclusive",
+        "verdict": "partial"
+        if len(per_run) < expected
+        else "supported"
+        if holds
+        else "refuted"
+        if refuted
+        else "inconclusive",
     }
 
 
@@ -527,7 +534,7 @@ def main() -> None:
     elif args.what == "main":
         result = main_stage()
         keys = ["filter", "beta", "seed", "mi0", "mi_end", "h_end", "end", "success", "template_collapse"]
-        verdicts = f"(a): {result['a']['verdict']}; (c): {result['c']['verdict']}"  # type: ignore[index]
+        verdicts = ", ".join(f"({k}): {result[k]['verdict']}" for k in ("a", "b1", "c"))  # type: ignore[index]
         write(
             HERE / "main",
             "main",

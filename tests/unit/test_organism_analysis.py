@@ -148,10 +148,11 @@ def test_gradient_slopes_read_the_buckets_that_hold_groups(analyze) -> None:
     assert found["passes"] == 1
     assert found["task"] == pytest.approx(10.0) and found["task_scaled"] == pytest.approx(5.0)
     assert found["entropy"] == pytest.approx(0.0) and found["entropy_scaled"] == pytest.approx(0.0)
-    b1 = analyze.claim_b1([found] * 5)
+    assert analyze.claim_b1([found] * 5)["verdict"] == "partial"  # 5 of the 40 none runs
+    b1 = analyze.claim_b1([found] * 5, expected=5)
     assert b1["verdict"] == "supported" and b1["task_slope"][1] == pytest.approx(10.0)
     flat = dict(found, task=-1.0, task_scaled=-0.5)
-    assert analyze.claim_b1([flat] * 5)["verdict"] == "refuted"
+    assert analyze.claim_b1([flat] * 5, expected=5)["verdict"] == "refuted"
     assert analyze.claim_b1([])["verdict"] == "partial"
 
 
