@@ -120,6 +120,7 @@ LONGEST_UNITS = (
     "tests/integration/test_collapse_study.py",
     "tests/test_notebooks.py",
     "tests/integration/test_aggregate_analysis.py",
+    "tests/integration/test_output_guard.py",
     "tests/unit/callbacks/test_collapse.py",
     "tests/integration/test_safe_loading.py",
     "tests/integration/test_env_configs_train.py",
