@@ -110,6 +110,15 @@ def test_bad_input_is_one_line_in_every_program(program: str, tmp_path: Path) ->
     assert done.stderr.splitlines() == [f"{program}: {line}"]
 
 
+@pytest.mark.parametrize("program", ["ragen2-eval", "ragen2-diagnose"])
+def test_a_key_nothing_reads_is_refused_as_train_refuses_it(program: str, tmp_path: Path) -> None:
+    done = _run([str(BIN / program), "+foo=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"{program}: foo=1 is not a key of {program}'s config. Fix: one of seed, ")
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("*.json"))
+
+
 def test_a_failed_job_of_a_grid_leaves_the_others_running(tmp_path: Path) -> None:
     sweep = tmp_path / "grid"
     done = _run(

@@ -26,6 +26,7 @@ from ragen2.models.checkpoint import POLICY_PREFIX, read_checkpoint
 from ragen2.models.loading import skeleton
 from ragen2.models.lora import LoRAConfig
 from ragen2.modules.run_state import KEY
+from ragen2.resume import AUTO, run_ckpt_path
 from ragen2.settings import shown
 
 CRITIC_PREFIX = "critic."
@@ -47,6 +48,7 @@ def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
             f"policy and its run state belong to the env it trained on. Fix: the checkpoint's env "
             f"(env.id={saved_env.get('id')}), or ckpt_path=null in a new run folder to start afresh on {env['id']}"
         )
+    _check_iterations(cfg, state, where)
     _check_critic(cfg, state["state_dict"], where, run.get("algo"))
     _check_shapes(cfg.model, state["state_dict"], where, (run.get("model") or {}))
     rollout = {k: v for k, v in _plain(cfg.rollout).items() if k != "sampler"}
@@ -76,6 +78,33 @@ def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
             shown(saved),
             shown(saved),
             shown(value),
+        )
+
+
+def iterations_done(state: Mapping[str, Any]) -> int | None:
+    """The iterations a checkpoint's run has trained (Lightning's count of epochs run); None when unsaved."""
+    progress = ((state.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress") or {}
+    return (progress.get("total") or {}).get("processed")
+
+
+def check_iterations_left(cfg: DictConfig) -> None:
+    """``_check_iterations`` for the checkpoint ``ckpt_path`` names, if any: run by the run folder's Hydra
+    callback, so that a resume with nothing left to train writes nothing (not even Hydra's ``.hydra/``)."""
+    ckpt_path = run_ckpt_path(cfg)
+    if ckpt_path is not None:
+        state = read_checkpoint(ckpt_path, key="ckpt_path", finite=False)  # mapped: no weight is read
+        _check_iterations(cfg, state, f"ckpt_path={ckpt_path}")
+
+
+def _check_iterations(cfg: DictConfig, state: Mapping[str, Any], where: str) -> None:
+    """Refuse a resume that would train nothing (Lightning would end at once, silently). A requeued job
+    (``ckpt_path=auto``) whose run had just finished is let through: it ends as the run did."""
+    done = iterations_done(state)
+    requeued_at_end = cfg.get("ckpt_path") == AUTO and done == cfg.iterations
+    if done is not None and done >= cfg.iterations and not requeued_at_end:
+        raise ConfigError(
+            f"{where} with iterations={cfg.iterations}: the run already has {done} iterations, so nothing would "
+            f"run. Fix: iterations=N with N > {done} to continue, or a new run folder"
         )
 
 

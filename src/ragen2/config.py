@@ -361,6 +361,7 @@ def compose(
     user_conf()  # a folder that is not there: one line, not Hydra's composition error around it
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
-    with open_dict(cfg):
-        cfg.run_dir = run_dir or "outputs/notebook"
+    if "run_dir" in cfg:  # eval and diagnose have none: one added would be refused as an unknown key
+        with open_dict(cfg):
+            cfg.run_dir = run_dir or "outputs/notebook"
     return cfg

@@ -24,6 +24,7 @@ from typing import Any  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from ragen2.cli import hydra_program, task_overrides  # noqa: E402
+from ragen2.config import check_top_level  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
 from ragen2.outputs import Output, check_output  # noqa: E402
@@ -33,6 +34,7 @@ from ragen2.settings import check_type, settings  # noqa: E402
 def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
     """Refuse settings that cannot work before anything loads; returns the quadrant's splits, the saved
     rollouts' records (none when sampling) and the iteration to read of them."""
+    check_top_level(cfg, "diagnose")
     from ragen2.diagnostics.report import REPORT_FILES, Splits, chosen_iteration, read_jsonl
 
     for key, example in (("seed", 0), ("num_seeds", 8), ("samples", 4), ("max_batch_tokens", 512)):

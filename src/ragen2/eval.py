@@ -29,6 +29,7 @@ from typing import Any, cast  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
 from ragen2.cli import hydra_program, task_overrides  # noqa: E402
+from ragen2.config import check_top_level  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
 from ragen2.outputs import Output, check_output, write_atomic  # noqa: E402
@@ -37,6 +38,7 @@ from ragen2.settings import check_type, settings  # noqa: E402
 
 def check(cfg: DictConfig) -> Path:
     """Refuse settings that cannot work before anything loads; returns where the results go."""
+    check_top_level(cfg, "eval")
     check_type("seed", cfg.seed, int, 0)
     check_type("num_seeds", cfg.num_seeds, int, 16)
     if cfg.num_seeds < 1:

@@ -174,6 +174,23 @@ def write_atomic(target: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def current_umask() -> int:
+    """The process's umask (os.umask only reads it by setting it: put back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def share(folder: Path) -> None:
+    """``folder`` and all in it as the user's umask allows (mkdtemp makes a folder 0700, safetensors a file
+    0600): a result (an export, a cached model) that a vLLM server or a shared cache under another account
+    reads as it reads the user's other files."""
+    mask = current_umask()
+    for path in (folder, *folder.rglob("*")):
+        full = 0o777 if path.is_dir() or path.stat().st_mode & 0o111 else 0o666
+        path.chmod(full & ~mask)
+
+
 @contextmanager
 def replacing_folder(folder: Path) -> Iterator[Path]:
     """A new folder beside ``folder`` (``.<name>.<random>.tmp``) for the block to fill: when the block ends it
@@ -183,6 +200,7 @@ def replacing_folder(folder: Path) -> Iterator[Path]:
     staged = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
     try:
         yield staged
+        share(staged)
         swap_in(staged, folder)
     finally:
         shutil.rmtree(staged, ignore_errors=True)  # gone already once swapped in

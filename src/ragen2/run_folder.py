@@ -135,8 +135,13 @@ class RunFolder(Callback):
     """Hydra callback (conf/train.yaml): the run folder's checks before Hydra writes into it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from ragen2.checkpoint_fit import check_iterations_left  # torch: not imported for --help
+
         job = _job_config(config, Path(str(config.hydra.run.dir)).absolute())
-        _one_line(config, lambda: (check_writable(run_folders(job)), check_run_folder(job)))
+        _one_line(
+            config,
+            lambda: (check_writable(run_folders(job)), check_run_folder(job), check_iterations_left(job)),
+        )
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(str(config.hydra.sweep.dir)).absolute()

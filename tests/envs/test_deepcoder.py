@@ -215,3 +215,25 @@ def test_bad_knobs_raise_clear_errors() -> None:
 def test_importing_the_env_pulls_in_no_torch() -> None:
     code = "import sys, ragen2_envs.deepcoder.env; sys.exit(int(any(m in sys.modules for m in ('torch', 'lightning', 'transformers'))))"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_running_unisolated_warns_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ragen2_envs.deepcoder import sandbox
+
+    def probe_again() -> None:  # the probes are cached per process; this test changes what they find
+        sandbox.isolation_status.cache_clear()
+        sandbox.probe.cache_clear()
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither bwrap nor unshare
+    probe_again()
+    sandbox._warn_unisolated.cache_clear()
+    try:
+        envs = [_make(allow_unisolated=True) for _ in range(2)]
+    finally:
+        monkeypatch.undo()
+        probe_again()
+    assert [env.isolated for env in envs] == [False, False]
+    warnings = [r for r in caplog.records if "WITHOUT isolation" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text

@@ -72,3 +72,21 @@ def test_a_full_disk_stops_ragen2_train_in_one_line_and_keeps_the_checkpoint(tra
         f"(File too large): the checkpoint needs about {len(saved) / 1e6:,.0f} MB, "
     ), line
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"] and last.read_bytes() == saved
+
+
+def test_resuming_a_finished_run_with_fewer_iterations_is_refused_before_anything_is_written(train) -> None:
+    _, cfg = train(["iterations=3"])
+    run_dir = Path(cfg.run_dir)
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    command = [sys.executable, "-m", "ragen2.train", *FAST, "ckpt_path=last", f"hydra.run.dir={run_dir}"]
+    for iterations in (2, 3):  # fewer, or as many: nothing would run
+        done = subprocess.run(
+            [*command, f"iterations={iterations}"], capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert done.stderr.splitlines() == [
+            f"ragen2-train: ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'} with iterations={iterations}: the run "
+            "already has 3 iterations, so nothing would run. Fix: iterations=N with N > 3 to continue, or a new "
+            "run folder"
+        ]
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before  # not even Hydra's .hydra/

@@ -46,6 +46,22 @@ def test_export_roundtrip_from_a_trained_checkpoint(train, tmp_path: Path) -> No
     assert AutoTokenizer.from_pretrained(out).chat_template is not None
 
 
+def test_an_export_is_readable_as_the_users_umask_allows(train, tmp_path: Path) -> None:
+    import os
+
+    from ragen2.export import main as export_main
+
+    _, cfg = train(["iterations=1"])
+    out = tmp_path / "exported"
+    mask = os.umask(0o022)
+    try:
+        export_main([str(Path(cfg.run_dir) / "checkpoints" / "last.ckpt"), str(out)])
+    finally:
+        os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700: a vLLM server under another account
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+
 def test_load_policy_rejects_a_mismatched_base(train, tmp_path: Path) -> None:
     from ragen2.models.checkpoint import load_policy
 
@@ -87,6 +103,42 @@ def test_eval_of_a_checkpoint_uses_the_runs_own_settings(train, tmp_path: Path) 
     sokoban = evaluate("env=sokoban")
     assert (sokoban["env"], sokoban["max_turns"]) == ("ragen2/Sokoban-v0", 5)
     assert evaluate("env.max_turns=2")["max_turns"] == 2
+
+
+def test_eval_never_takes_a_lower_isolation_from_the_checkpoint(
+    train, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import ragen2_envs.deepcoder.env as deepcoder
+
+    from ragen2.eval import run
+    from ragen2.models.checkpoint import read_checkpoint
+
+    _, cfg = train(["iterations=1", "env=deepcoder"])
+    ckpt = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
+    state = read_checkpoint(ckpt, mmap=False)
+    state["RolloutDataModule"]["env"]["kwargs"]["allow_unisolated"] = True  # as a shared file could say
+    torch.save(state, ckpt)
+    asked: list[bool] = []  # what each DeepCoder env the eval makes asks the sandbox for (the real one runs)
+    require = deepcoder.require_isolation
+    monkeypatch.setattr(deepcoder, "require_isolation", lambda allow: asked.append(allow) or require(allow))
+
+    def evaluate(name: str, *overrides: str) -> None:
+        args = [f"checkpoint={ckpt}", "rollout=scripted", "num_seeds=1", "samples=0", "ks=[]", *overrides]
+        args.append(f"output={tmp_path / name}")
+        run(compose(args, config_name="eval"), overrides=args)
+
+    evaluate("saved.json")
+    assert asked and not any(asked)  # the safe default
+    (line,) = [r.getMessage() for r in caplog.records if "allow_unisolated" in r.getMessage()]
+    assert line.startswith(f"checkpoint={ckpt} saved env.kwargs.allow_unisolated=true: ignored")
+    assert line.endswith(
+        "Fix: pass ++env.kwargs.allow_unisolated=true on the command line to run its code that way"
+    )
+    asked.clear()
+    evaluate(
+        "asked.json", "++env.kwargs.allow_unisolated=true"
+    )  # the command line still sets it (the run's env kept)
+    assert asked and all(asked)
 
 
 def _eval_args(out: Path, *overrides: str) -> list[str]:

@@ -388,8 +388,14 @@ def _select(method: str | None, allow_unisolated: bool) -> Isolation | None:
             "(apt-get install bubblewrap), or run as root on Linux with util-linux `unshare`, or pass "
             "allow_unisolated=True to run it with rlimits only"
         )
-    log.warning("running untrusted code WITHOUT isolation (%s): rlimits only", status.reason)
+    _warn_unisolated(status.reason)
     return None
+
+
+@functools.cache
+def _warn_unisolated(reason: str) -> None:
+    """Once per process: every env and every run checks, so a per-call warning repeats each iteration."""
+    log.warning("running untrusted code WITHOUT isolation (%s): rlimits only", reason)
 
 
 @functools.cache

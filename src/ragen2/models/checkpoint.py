@@ -181,7 +181,7 @@ def saved_settings(state: dict[str, Any], checkpoint: str) -> dict[str, dict[str
     data = state.get("RolloutDataModule") or {}
     model = (state.get("ragen2") or {}).get("model")
     saved = {
-        **({"env": data["env"], "rollout": data["rollout"]} if data else {}),
+        **({"env": isolated_env(data["env"], checkpoint), "rollout": data["rollout"]} if data else {}),
         **({"model": model} if model else {}),
     }
     if not saved:
@@ -191,3 +191,25 @@ def saved_settings(state: dict[str, Any], checkpoint: str) -> dict[str, dict[str
             checkpoint,
         )
     return saved
+
+
+#: env.kwargs that lower the sandbox's isolation: they come from the command line or the user's own config,
+#: never from a file being loaded (a shared checkpoint must not turn off the sandbox of whoever evaluates it)
+ISOLATION_KWARGS = ("allow_unisolated",)
+
+
+def isolated_env(env: dict[str, Any], checkpoint: str) -> dict[str, Any]:
+    """``env`` (a checkpoint's saved env settings) with each of ``ISOLATION_KWARGS`` reset to false, with a
+    warning for each it held true."""
+    kwargs = dict(env.get("kwargs") or {})
+    for name in (n for n in ISOLATION_KWARGS if kwargs.get(n)):
+        log.warning(
+            "checkpoint=%s saved env.kwargs.%s=true: ignored, it is false here (settings that lower the "
+            "sandbox's isolation are never taken from a loaded file). Fix: pass ++env.kwargs.%s=true on the "
+            "command line to run its code that way",
+            checkpoint,
+            name,
+            name,
+        )
+        kwargs[name] = False
+    return {**env, "kwargs": kwargs}

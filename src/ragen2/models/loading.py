@@ -40,6 +40,7 @@ from filelock import FileLock
 
 from ragen2.errors import ConfigError
 from ragen2.models.lora import LoRAConfig
+from ragen2.outputs import share
 from ragen2.settings import settings
 
 BUILTIN = "builtin"
@@ -90,6 +91,7 @@ def build_once(name: str, build: Callable[[Path], None]) -> Path:
             if not (tmp / "config.json").is_file():
                 wrote = ", ".join(sorted(p.name for p in tmp.iterdir())) or "nothing"
                 raise RuntimeError(f"building the model {name!r} in {tmp} wrote no config.json: {wrote}")
+            share(tmp)
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
