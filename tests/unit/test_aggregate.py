@@ -577,7 +577,9 @@ def test_the_default_arms_pair_the_grid_by_seed(tmp_path: Path, capsys: pytest.C
     assert "paired filter=top_p − none, all runs: 2 pairs, 1 unpaired; final_success -0.375 ± 1.6" in printed
     text = (tmp_path / "out" / "aggregate_paired.md").read_text()
     # the one-sided Wilcoxon p-values: both differences negative, so P(W+ ≥ 0) = 1 and P(W− ≥ 3) = 1/4
-    assert "| final_success | `rollout/success` | 2 | 0.375 | 0.75 | -0.375 ± 1.6 | 0 / 2 | 1 / 0.25 |" in text
+    assert (
+        "| final_success | `rollout/success` | 2 | 0.375 | 0.75 | -0.375 ± 1.6 | 0 / 2 | 1 / 0.25 |" in text
+    )
     assert (
         "| job 2 | filter=top_p seed=2 | its filter=none partner (job 5) is left out: 1 of 2 iterations"
         in text

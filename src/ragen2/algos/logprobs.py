@@ -82,7 +82,9 @@ def token_stats(
     def chunk_stats(h: torch.Tensor, chunk_ids: torch.Tensor) -> torch.Tensor:
         logits = head(h)
         logits = logits.to(_compute_dtype(logits.dtype))  # [n, V]
-        if scale != 1.0:  # a copy of every logit: a quarter of this function's time on the CPU, skipped at T = 1
+        if (
+            scale != 1.0
+        ):  # a copy of every logit: a quarter of this function's time on the CPU, skipped at T = 1
             logits = logits * scale
         lse = torch.logsumexp(logits, dim=-1)  # [n]
         lp = logits.gather(-1, chunk_ids[:, None]).squeeze(-1) - lse

@@ -160,7 +160,6 @@ def _shared_prompt_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, attn, loss
 
 
-
 def _small_llama() -> LlamaForCausalLM:
     """A 2-layer float64 Llama with grouped-query attention (4 heads over 2 key-value heads)."""
     from transformers import LlamaConfig
@@ -175,6 +174,7 @@ def _small_llama() -> LlamaForCausalLM:
         attn_implementation="sdpa",
     )
     return LlamaForCausalLM(config).double()
+
 
 def test_shared_prefix_pass_equals_the_plain_pass_with_gradients() -> None:
     """decoder_hidden(share_prefix=True) runs each group's prompt once; hidden states and weight gradients
