@@ -23,8 +23,7 @@ from pathlib import Path
 from ragen2._env import set_defaults
 from ragen2.cli import ProgramParser
 from ragen2.errors import ConfigError
-from ragen2.outputs import check_apart, check_no_run, replacing_folder
-from ragen2.run_folder import unwritable
+from ragen2.outputs import check_apart, check_no_run, replacing_folder, unwritable
 
 # ragen2-export --help
 ABOUT = (

@@ -35,7 +35,24 @@ from pathlib import Path
 from typing import Literal
 
 from ragen2.errors import ConfigError
-from ragen2.run_folder import METRICS, unwritable
+
+#: a run's metrics file, relative to its folder
+METRICS = Path("csv") / "metrics.csv"
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` could not be created and written, or None."""
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            return None
+    except OSError as err:
+        return f"{existing} does not take new files ({err.strerror})"
+
 
 # what makes a folder a training run's: a run folder holds one of these (csv/: its metrics.csv)
 RUN_PARTS = ("checkpoints", ".hydra", "csv")

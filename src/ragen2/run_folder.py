@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ragen2.errors import ConfigError, exit_one_line
+from ragen2.outputs import METRICS, unwritable
 from ragen2.resume import AUTO, HPC, LAST, checkpoint_dir, hpc_checkpoint, last_checkpoints, restartable_job
-
-METRICS = Path("csv") / "metrics.csv"
 
 
 def run_folders(cfg: DictConfig) -> list[tuple[str, str]]:
@@ -58,20 +56,6 @@ def check_writable(folders: Iterable[tuple[str, str | Path]]) -> None:
                 f"{key}={folder} cannot be written: {problem}. Fix: {key}=<a writable folder>"
                 + (", or hydra.run.dir=<a writable folder>" if key == "run_dir" else "")
             )
-
-
-def unwritable(folder: Path) -> str | None:
-    """Why ``folder`` could not be created and written, or None."""
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder"
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            return None
-    except OSError as err:
-        return f"{existing} does not take new files ({err.strerror})"
 
 
 def held_run(run_dir: Path, checkpoints: Path) -> str | None:
