@@ -733,15 +733,20 @@ def grpo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _other_shapes(tmp_path: Path) -> Path:
-    """A model folder like the tiny model's but half as wide: a model of other shapes."""
-    import json
+    """A whole model folder like the tiny model's but half as wide: a model of other shapes (its own weights,
+    built from its config, beside the tiny model's tokenizer)."""
     import shutil
 
     from ragen2.models.loading import resolve_model_path
 
-    folder = Path(shutil.copytree(resolve_model_path("tiny"), tmp_path / "narrow"))
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 32, "intermediate_size": 64}))
+    tiny = Path(resolve_model_path("tiny"))
+    config = transformers.AutoConfig.from_pretrained(tiny)
+    heads = config.num_attention_heads
+    config.update({"hidden_size": 32, "intermediate_size": 64, "head_dim": 32 // heads})
+    folder = tmp_path / "narrow"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny / name, folder / name)
     return folder
 
 

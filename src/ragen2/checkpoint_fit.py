@@ -1,13 +1,14 @@
 """Whether a checkpoint can continue as the run that resumes it is configured, checked before the loop starts.
 
-A checkpoint records the env, rollout and model settings its run trained with (``RolloutDataModule`` and
+A checkpoint records the env, rollout, filter and model settings and the seed its run trained with (``RolloutDataModule`` and
 ``ragen2`` entries, ``ragen2.models.checkpoint.saved_settings``), the algorithm's name, its weights and its
 optimizer's state. Against the composed config:
 
 - refused, one line each, what cannot continue: another env id (the policy learned one env), weights of
   another shape than the configured model's (a different model), a critic the algorithm does not have or
-  lacks (``algo=ppo`` on a GRPO checkpoint, and the reverse);
-- warned, one line each, what continues but differs: every other env, rollout and model setting (the run
+  lacks (``algo=ppo`` on a GRPO checkpoint, and the reverse), another seed (the resumed run draws from the
+  checkpoint's random state: it would be the saved seed's run under another name);
+- warned, one line each, what continues but differs: every other env, rollout, filter and model setting (the run
   goes on with the new value), the algorithm's name, and the optimizer's learning rate, weight decay and
   gradient clip, which the resumed optimizer keeps from the checkpoint (Lightning restores its state and
   its schedule: the new values do not take effect).
@@ -49,12 +50,19 @@ def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
             f"(env.id={saved_env.get('id')}), or ckpt_path=null in a new run folder to start afresh on {env['id']}"
         )
     _check_iterations(cfg, state, where)
+    if data.get("seed") not in (None, cfg.seed):
+        raise ConfigError(
+            f"{where} continues a run of seed={data['seed']}, and this run sets seed={cfg.seed}: a resumed run "
+            f"draws from the checkpoint's random state, so it would be a seed-{data['seed']} run recorded as "
+            f"seed {cfg.seed}. Fix: seed={data['seed']} to continue it, or ckpt_path=null in a new run folder"
+        )
     _check_critic(cfg, state["state_dict"], where, run.get("algo"))
     _check_shapes(cfg.model, state["state_dict"], where, (run.get("model") or {}))
     rollout = {k: v for k, v in _plain(cfg.rollout).items() if k != "sampler"}
     changed = [
         *_differences("env", saved_env, env),
         *_differences("rollout", data.get("rollout") or {}, rollout),
+        *_differences("filter", data.get("filter") or {}, _plain(cfg.data.filter)),
         *_differences("model", run.get("model") or {}, _plain(cfg.model)),
     ]
     for key, saved, value in changed:

@@ -18,6 +18,7 @@ import functools
 import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import hydra
@@ -42,9 +43,17 @@ def hydra_program(prog: str, config_name: str, task: Callable[[DictConfig], obje
     @one_line_errors(prog)
     @functools.wraps(task)
     def run_task(cfg: DictConfig) -> None:
-        task(cfg)
+        try:
+            task(cfg)
+        except (
+            Exception
+        ):  # a job that fails before its record is written (a refused setting) is still on file
+            from ragen2.run_folder import write_hydra_record
 
-    return functools.partial(command_line, prog, run_task)
+            write_hydra_record(cfg, fresh_only=True)
+            raise
+
+    return functools.partial(command_line, prog, run_task, config_name)
 
 
 class ProgramParser(argparse.ArgumentParser):
@@ -78,7 +87,43 @@ def task_overrides() -> list[str]:
     them)."""
     from hydra.core.hydra_config import HydraConfig
 
-    return list(HydraConfig.get().overrides.task)
+    overrides = list(HydraConfig.get().overrides.task)
+    for (
+        added
+    ) in ADDED:  # chosen for the user (a checkpoint's env), not by them: its saved settings still apply
+        if added in overrides:
+            overrides.remove(added)
+    return overrides
+
+
+#: overrides ``command_line`` put in front of the user's (``checkpoint_env``)
+ADDED: list[str] = []
+
+
+def checkpoint_env(args: Sequence[str], config_name: str) -> str | None:
+    """``env=<option>`` for the env a ``checkpoint=`` argument's run trained on, for a program that takes one
+    (eval, diagnose) and a command line that chooses no env: the program composes that env's config, so
+    ``env.kwargs.*`` overrides are checked against the env the checkpoint plays (its saved settings still
+    replace the option's values). None where that cannot be told; the program's own checks then speak."""
+    from omegaconf import OmegaConf
+
+    given = {a.split("=", 1)[0].lstrip("+~"): a.split("=", 1)[1] for a in args if "=" in a}
+    if "checkpoint" not in OmegaConf.load(CONF_DIR / f"{config_name}.yaml") or "env" in given:
+        return None
+    path = Path(given.get("checkpoint", "")).expanduser()
+    if not path.is_file():
+        return None
+    from ragen2.models.checkpoint import read_checkpoint
+
+    try:
+        state = read_checkpoint(path, key="checkpoint", finite=False)  # mapped: no weight is read
+    except ValueError:  # a bad file: the program refuses it in one line
+        return None
+    env_id = ((state.get("RolloutDataModule") or {}).get("env") or {}).get("id")
+    options = [
+        f.stem for f in sorted((CONF_DIR / "env").glob("*.yaml")) if OmegaConf.load(f).get("id") == env_id
+    ]
+    return f"env={options[0]}" if env_id and options else None
 
 
 def version_line(prog: str) -> str:
@@ -86,19 +131,94 @@ def version_line(prog: str) -> str:
     return f"{prog} (ragen2) {importlib.metadata.version('ragen2')}"
 
 
-def command_line(prog: str, hydra_main: Callable[[], None]) -> None:
+def command_line(prog: str, hydra_main: Callable[[], None], config_name: str | None = None) -> None:
     """An entry point: ``--version`` answers with ragen2's version (Hydra would give its own), moved keys on
-    the command line and a ``RAGEN2_CONF`` folder that is not there are refused with a one-line error, then
-    Hydra runs."""
-    if "--version" in sys.argv[1:]:
+    the command line, a ``RAGEN2_CONF`` folder that is not there and (for a single run of ``config_name``)
+    overrides Hydra cannot compose are refused with a one-line error, then Hydra runs."""
+    args = sys.argv[1:]
+    if "--version" in args:
         print(version_line(prog))
         sys.exit(0)
     try:
-        check_overrides(sys.argv[1:])
+        check_overrides(args)
         user_conf()
+        if config_name is not None and (env := checkpoint_env(args, config_name)) is not None:
+            ADDED.append(env)
+            args = sys.argv[1:] = [env, *args]
+        if config_name is not None and not any(a.startswith("-") for a in args):  # flags: Hydra's own
+            check_composes(args, config_name)
     except ConfigError as err:
         sys.exit(f"{prog}: {err}")
     hydra_main()
+
+
+def check_composes(overrides: Sequence[str], config_name: str) -> None:
+    """Compose ``config_name`` with ``overrides`` as Hydra is about to: an error of composition (an option a
+    group does not have, a key that is not there, ``+`` on one that is, a sweep without ``--multirun``) is a
+    ``ConfigError`` of one line with the fix."""
+    from hydra.errors import HydraException
+
+    from ragen2.config import compose
+
+    try:
+        compose(overrides, config_name)
+    except HydraException as err:
+        raise composition_error(err, overrides, config_name) from None
+
+
+def composition_error(err: Exception, overrides: Sequence[str], config_name: str) -> ConfigError:
+    """Hydra's several-line composition error as one line naming the override and the fix."""
+    import difflib
+    import re
+
+    from hydra.errors import MissingConfigException
+
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    if isinstance(err, MissingConfigException) and err.options:
+        found = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+        group, option = found.groups() if found else ("<group>", "<option>")
+        return ConfigError(
+            f"{group}={option} is not a config of {group}. Fix: {group}=<one of {', '.join(sorted(err.options))}>"
+        )
+    given = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
+    if (found := re.search(r"Could not override '([^']+)'", text)) and found.group(1) in given:
+        key = found.group(1)
+        value = given[key].split("=", 1)[-1]
+        keys = _leaf_keys(config_name)
+        top = key.split(".")[0]
+        close = difflib.get_close_matches(
+            key.rpartition(".")[2], [k.rpartition(".")[2] for k in keys if k.startswith(f"{top}.")], n=1
+        )
+        meant = [k for k in keys if k.startswith(f"{top}.") and close and k.endswith(f".{close[0]}")][:1]
+        fix = f"{meant[0]}={value}, or " if meant else ""
+        return ConfigError(f"{key}={value} is not a key of the config. Fix: {fix}+{key}={value} to add one")
+    if found := re.search(r"An item is already at '([^']+)'", text):
+        key = found.group(1)
+        value = given.get(key, "=<value>").split("=", 1)[-1]
+        return ConfigError(f"+{key}={value} adds a key that is already there. Fix: {key}={value}")
+    if found := re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", text):
+        key, value = found.groups()
+        return ConfigError(
+            f"{key}={value} holds several values. Fix: --multirun {key}={value} to sweep them, or {key}=[{value}] "
+            "for a list"
+        )
+    return ConfigError(text)
+
+
+@functools.cache
+def _leaf_keys(config_name: str) -> tuple[str, ...]:
+    """Every leaf key of ``config_name`` as composed with no override (dotted)."""
+    from omegaconf import OmegaConf
+
+    from ragen2.config import compose
+
+    def leaves(node: object, prefix: str) -> list[str]:
+        if isinstance(node, dict):
+            return [k for key, value in node.items() for k in leaves(value, f"{prefix}{key}.")]
+        return [prefix.rstrip(".")]
+
+    cfg = OmegaConf.to_container(compose([], config_name), resolve=False)
+    return tuple(leaves(cfg, ""))
 
 
 def one_line_errors(prog: str) -> Callable[[Callable[[DictConfig], R]], Callable[[DictConfig], R]]:

@@ -30,6 +30,7 @@ from ragen2.settings import (
     check_type,
     moved_to,
     settings,
+    shown,
     unknown_key,
 )
 
@@ -190,6 +191,22 @@ def _check_run_keys(cfg: DictConfig) -> None:
         raise ConfigError(
             f"iterations={cfg.iterations} must be ≥ 1 (one RL iteration per Lightning epoch). Fix: iterations=2"
         )
+    max_epochs = OmegaConf.select(cfg, "trainer.max_epochs", default=None)
+    if max_epochs is not None and max_epochs != cfg.iterations:
+        length = max_epochs if isinstance(max_epochs, int) and max_epochs >= 1 else cfg.iterations
+        raise ConfigError(
+            f"trainer.max_epochs={shown(max_epochs)}: a run's length is set by iterations (one RL iteration per "
+            f"Lightning epoch; trainer.max_epochs follows it). Fix: iterations={length}"
+        )
+    for name, node in (cfg.get("logger") or {}).items():
+        if isinstance(node, DictConfig) and "flush_logs_every_n_steps" in node:
+            key, every = f"logger.{name}.flush_logs_every_n_steps", node.flush_logs_every_n_steps
+            check_type(key, every, int, 1)
+            if every < 1:
+                raise ConfigError(
+                    f"{key}={every} must be ≥ 1 (the logger writes its rows to disk every N iterations). "
+                    f"Fix: {key}=1"
+                )
     check_seed_and_cap(cfg)
 
 
@@ -292,6 +309,13 @@ SHARDED = "lightning.pytorch.strategies.ModelParallelStrategy"
 def _check_ranks(cfg: DictConfig) -> None:
     """The device count, the strategy and the settings that depend on them must fit together."""
     trainer = cfg.trainer
+    if str(trainer.get("accelerator")) in ("gpu", "cuda"):  # else Lightning's traceback when it builds
+        import torch
+
+        from ragen2.models.placement import no_cuda
+
+        if not torch.cuda.is_available():
+            raise no_cuda(trainer.accelerator)
     devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         raise ConfigError(

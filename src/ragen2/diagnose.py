@@ -28,6 +28,7 @@ from ragen2.config import check_top_level  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
 from ragen2.outputs import Output, check_output  # noqa: E402
+from ragen2.run_folder import claim  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
 
@@ -71,19 +72,36 @@ def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
 
 def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     """Diagnose with a composed diagnose config; returns the ``Diagnosis`` (its report is written)."""
+    from ragen2.models.checkpoint import read_checkpoint
+
+    splits, records, iteration = check(cfg)
+    state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
+    report = Path(str(cfg.output)).expanduser()
+    with claim(
+        report.parent, "ragen2-diagnose", cfg
+    ):  # one program in the folder at a time; then Hydra's record
+        return _diagnose(cfg, splits, records, iteration, state, overrides)
+
+
+def _diagnose(
+    cfg: DictConfig,
+    splits: Any,
+    records: list[dict[str, Any]],
+    iteration: int | None,
+    state: dict[str, Any] | None,
+    overrides: Sequence[str],
+) -> Any:
     import time
 
     from ragen2.config import build, with_saved_settings
     from ragen2.data.evaluation import heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
     from ragen2.diagnostics.report import diagnose, rows_from_episodes, rows_from_records, write_report
-    from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
+    from ragen2.models.checkpoint import load_policy, saved_settings
     from ragen2.models.loading import ModelConfig, load_tokenizer
     from ragen2.models.placement import Placement
     from ragen2.rollout.first_turn import sample_first_turns
 
-    splits, records, iteration = check(cfg)
-    state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     if state is not None:
         cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
     model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")

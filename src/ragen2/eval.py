@@ -33,6 +33,7 @@ from ragen2.config import check_top_level  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
 from ragen2.outputs import Output, check_output, write_atomic  # noqa: E402
+from ragen2.run_folder import claim  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
 
@@ -76,14 +77,21 @@ def records_path(out: Path) -> Path:
 
 def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     """Evaluate with a composed eval config; ``overrides`` are the command line's (they beat saved settings)."""
-    from ragen2.models.checkpoint import load_policy, read_checkpoint, saved_settings
+    from ragen2.models.checkpoint import read_checkpoint
 
     out = check(cfg)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None  # a bad file fails before the imports
+    with claim(out.parent, "ragen2-eval", cfg):  # one program in the folder at a time; then Hydra's record
+        return _evaluate(cfg, out, state, overrides)
 
+
+def _evaluate(
+    cfg: DictConfig, out: Path, state: dict[str, Any] | None, overrides: Sequence[str]
+) -> dict[str, float]:
     from ragen2.config import build, with_saved_settings
     from ragen2.data.evaluation import evaluate, heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
+    from ragen2.models.checkpoint import load_policy, saved_settings
     from ragen2.models.loading import ModelConfig, load_tokenizer
     from ragen2.models.placement import Placement
 

@@ -46,6 +46,8 @@ Then: ragen2-eval model.name_or_path=<out> (or any HF loader, vLLM included)."""
 def check_destination(out: str, overwrite: bool = False, checkpoint: str | None = None) -> Path:
     """Refuse a destination that is a file, holds ``checkpoint`` or a training run's files, holds files
     (unless ``overwrite``) or cannot be written, before anything loads; returns it."""
+    if not out.strip():  # Path("") is the working folder: an export would replace it
+        raise ConfigError(f"out={out!r} names no folder. Fix: out=<a new folder>, e.g. exported/<run>")
     folder = Path(out).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(

@@ -12,7 +12,7 @@ from ragen2.cli import hydra_program  # noqa: E402
 from ragen2.config import build, check_batch, validate  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
 from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
-from ragen2.run_folder import check_run_folder  # noqa: E402
+from ragen2.run_folder import check_run_folder, claim, logger_metrics, write_hydra_record  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -31,19 +31,23 @@ def run(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = run_ckpt_path(cfg)  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/resume.py)
     if ckpt_path is not None:  # another env, model or critic refused; other changed settings warned
         check_resume(cfg, ckpt_path)
-    L.seed_everything(cfg.seed, workers=True)
-    datamodule = build(cfg.data)
-    module = build(cfg.module)
-    check_batch(module.algo.mini_batch_size, datamodule.rollout_cfg.groups, datamodule.rollout_cfg.group_size)
-    # a group entry set to null (callbacks.curves=null) switches that piece off
-    callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=requeue_plugins())
-    # weights-only whatever the strategy: FSDP's ModelParallelStrategy loads with torch.load itself
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    finish_loggers(loggers)
-    if trainer.is_global_zero:
-        log.info("run folder: %s", cfg.run_dir)
+    # one run at a time in the folder, and in a CSV logger's own folder elsewhere
+    with claim([cfg.run_dir, *(m.parent for _, m in logger_metrics(cfg))], "ragen2-train"):
+        L.seed_everything(cfg.seed, workers=True)
+        datamodule = build(cfg.data)
+        module = build(cfg.module)
+        groups, group_size = datamodule.rollout_cfg.groups, datamodule.rollout_cfg.group_size
+        check_batch(module.algo.mini_batch_size, groups, group_size)
+        write_hydra_record(cfg)  # the run's .hydra/, now that every check has passed
+        # a group entry set to null (callbacks.curves=null) switches that piece off
+        callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+        loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+        trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=requeue_plugins())
+        # weights-only whatever the strategy: FSDP's ModelParallelStrategy loads with torch.load itself
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        finish_loggers(loggers)
+        if trainer.is_global_zero:
+            log.info("run folder: %s", cfg.run_dir)
     metrics, stopped = dict(module.last_metrics), module.stopped
     # the trainer and the module reference each other: free the run's models now, not at the next full
     # collection (several runs in one process, as in a notebook or a benchmark, otherwise pile them up)

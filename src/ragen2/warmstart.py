@@ -26,17 +26,19 @@ from ragen2.cli import hydra_program  # noqa: E402
 from ragen2.config import build, check_seed_and_cap, check_top_level  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
 from ragen2.outputs import Output, check_output, replacing_folder  # noqa: E402
-from ragen2.run_folder import check_writable  # noqa: E402
+from ragen2.run_folder import check_writable, claim  # noqa: E402
 from ragen2.settings import check_target_types, check_type, settings  # noqa: E402
 
 
 def check(cfg: DictConfig) -> None:
     """Refuse settings that cannot work, before anything is built."""
+    from ragen2.models.loading import ModelConfig
     from ragen2.modules.sft import SFTConfig
 
     check_top_level(cfg, "warmstart")
     check_seed_and_cap(cfg)
     settings(SFTConfig, OmegaConf.to_container(cfg.sft, resolve=True), "sft")
+    settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")  # a folder that loads
     check_writable([("run_dir", str(cfg.run_dir))])
     check_type("overwrite", cfg.overwrite, bool, False)
     source = Path(str(cfg.model.name_or_path)).expanduser()
@@ -48,6 +50,15 @@ def check(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Warm-start with a composed config; returns what ``<output>/warmstart.json`` records."""
+    check(cfg)
+    quiet_lightning()
+    with claim(
+        cfg.run_dir, "ragen2-warmstart", cfg
+    ):  # one program in the folder at a time; then Hydra's record
+        return _warmstart(cfg)
+
+
+def _warmstart(cfg: DictConfig) -> dict[str, Any]:
     import json
     import time
     from dataclasses import asdict
@@ -57,8 +68,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from ragen2.data.demos import describe, reply_tokens
     from ragen2.loggers import finish as finish_loggers
 
-    check(cfg)
-    quiet_lightning()
     L.seed_everything(cfg.seed, workers=True)
     start = time.perf_counter()
     datamodule = build(cfg.data)

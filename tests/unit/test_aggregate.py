@@ -17,6 +17,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from ragen2.aggregate import main
 from ragen2.grids import OUTPUTS, aggregate_folder
 from ragen2.grids.forensics import NOT_READABLE, job_problem, log_problem, result_problem
+from ragen2.grids.report import summary
 from ragen2.grids.runs import AggregateError, Run, parse_overrides, run_problem
 from ragen2.grids.stats import Interval, ci95, t_quantile
 from ragen2.grids.table import (
@@ -503,8 +504,37 @@ def test_empty_or_damaged_metrics_are_listed_not_fatal(tmp_path: Path) -> None:
     assert problems == {
         "job 0": None,
         "job 1": "no iteration in csv/metrics.csv (ended before the first one finished)",
-        "job 2": "no iteration in csv/metrics.csv (ended before the first one finished)",
+        "job 2": "csv/metrics.csv unreadable: 'utf-8' codec can't decode byte 0xff in position 0: invalid start "
+        "byte",
     }
+
+
+def test_each_unreadable_file_and_each_left_out_value_says_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = tmp_path / "sweep"
+    _job(grid, 0, ["seed=0"], _rows([0.5, 1.0]))
+    _job(grid, 1, ["seed=1"], _rows([0.5, 1.0]))
+    (grid / "1" / ".hydra" / "overrides.yaml").write_text("- seed=1\n  : [unclosed\n")
+    _job(grid, 2, ["seed=2"], _rows([0.5, 1.0]))
+    with (grid / "2" / "csv" / "metrics.csv").open("a") as f:  # one malformed huge row
+        f.write('"' + "x" * 200_000 + '"\n')
+    _job(grid, 3, ["seed=3"], _rows([0.5, 1.0]))
+    (grid / "3" / ".hydra" / "config.yaml").write_text("just a string\n")
+    _job(grid, 4, ["seed=4"], [{**row, "train/note": "n/a"} for row in _rows([0.5, 1.0])])
+    (report,) = aggregate_folder(grid)
+    problems = {run.name: run.problem for run in report.runs}
+    assert problems["job 0"] is None
+    assert problems["job 1"] is not None and problems["job 1"].startswith(
+        ".hydra/overrides.yaml unreadable: while parsing a block"
+    )
+    assert problems["job 2"] == "csv/metrics.csv unreadable: field larger than field limit (131072)"
+    assert problems["job 3"] == ".hydra/config.yaml unreadable: it holds str, not a YAML dict"
+    assert problems["job 4"] is None  # complete: its text cells are left out, and said so
+    assert report.runs[4].skipped["train/note"].count == 2
+    line = "job 4: train/note: 2 non-numeric values (e.g. 'n/a')"
+    assert f"- {line}" in report.markdown
+    assert f"  {line}, left out" in summary(report)
 
 
 def test_iterations_reads_every_run_at_one_horizon(

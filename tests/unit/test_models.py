@@ -54,7 +54,7 @@ def test_build_once_under_a_lock_builds_exactly_once(tmp_path: Path) -> None:
     results = [q.get(timeout=5) for _ in procs]
     assert {r.split("|")[0] for r in results} == {str(tmp_path / "thing")}
     assert sum(int(r.split("|")[1]) for r in results) == 1  # one builder; the others found it done
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".thing-")]  # no temp folders left
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".thing")]  # no temp folders left
 
 
 def test_missing_wheel_says_how_to_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,8 +77,9 @@ def test_a_build_replaces_what_a_broken_or_killed_builder_left(tmp_path: Path, m
     monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
     (tmp_path / "thing").mkdir()
     (tmp_path / "thing" / "tokenizer.json").write_text("{}")
-    (tmp_path / ".thing-killed").mkdir()
-    (tmp_path / ".thing-killed" / "model.safetensors").write_bytes(b"0" * 64)
+    for killed in (".thing.killed.tmp", ".thing-killed"):  # (the second: as earlier releases named it)
+        (tmp_path / killed).mkdir()
+        (tmp_path / killed / "model.safetensors").write_bytes(b"0" * 64)
 
     path = loading.build_once("thing", lambda tmp: (tmp / "config.json").write_text("{}"))
     assert sorted(p.name for p in path.iterdir()) == ["config.json"]
@@ -106,3 +107,44 @@ def test_rank_one_of_a_process_group_builds_a_whole_model_folder(tmp_path: Path,
         dist.destroy_process_group()
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
     assert load_model("tiny-qwen2").config.vocab_size == 151_936
+
+
+def _broken(tmp_path: Path, kind: str) -> Path:
+    """A copy of the tiny model's folder, broken one way."""
+    import json
+    import shutil
+
+    folder = tmp_path / kind
+    shutil.copytree(resolve_model_path("tiny"), folder)
+    if kind == "truncated":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif kind == "garbage tokenizer":
+        (folder / "tokenizer.json").write_text("garbage{")
+    else:  # another model's sizes
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * config["hidden_size"]}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        (
+            "truncated",
+            r"holds a model\.safetensors of [\d,]+ bytes where its header says [\d,]+ \(cut short or padded\)",
+        ),
+        ("garbage tokenizer", r"holds a tokenizer\.json that is not JSON \(Expecting value: line 1 column 1"),
+        (
+            "sizes",
+            r"holds weights whose shapes config\.json does not give \(\d+ tensors, e\.g\. model\.embed_tokens\.weight: "
+            r"\[49152, 64\] in the weights, \[49152, 128\] by config\.json\)",
+        ),
+    ],
+)
+def test_a_broken_model_folder_is_named_before_anything_loads(tmp_path: Path, kind: str, said: str) -> None:
+    from ragen2.errors import ConfigError
+
+    folder = _broken(tmp_path, kind)
+    with pytest.raises(ConfigError, match=rf"^model\.name_or_path='{folder}' {said}.*Fix: "):
+        loading.check_source(str(folder))

@@ -23,7 +23,7 @@ from ragen2_envs.base import CHARSET, MAX_TEXT, TextEnv
 from ragen2_envs.deepcoder.grader import extract_code, grade, syntax_error
 from ragen2_envs.deepcoder.loader import problems_for
 from ragen2_envs.deepcoder.problems import SPLITS, Problem
-from ragen2_envs.deepcoder.sandbox import SandboxLimits, require_isolation
+from ragen2_envs.deepcoder.sandbox import SandboxLimits, check_interpreter, require_isolation
 from ragen2_envs.options import OneOf, Range
 
 MAX_CODE_CHARS = 32_768
@@ -53,6 +53,8 @@ class DeepCoderEnv(TextEnv):
         self.max_attempts = max_attempts
         self.allow_unisolated = allow_unisolated
         self.python = python
+        if python is not None:  # a path that is no interpreter: refused here, not at the first program run
+            check_interpreter(python)
         # says at start-up, not at the first step, when untrusted code cannot be isolated here
         self.isolated = require_isolation(allow_unisolated)
         problems = problems_for(data_path, split)

@@ -306,6 +306,20 @@ def _shared_libraries(files: list[str]) -> list[str]:
 
 
 @functools.cache
+def check_interpreter(python: str) -> None:
+    """``python`` starts as an isolated Python interpreter (``-I -S``), or a ``ValueError`` that says why."""
+    try:
+        out = subprocess.run(
+            [python, "-I", "-S", "-c", "import sys"], capture_output=True, text=True, timeout=60
+        )
+    except OSError as err:
+        raise ValueError(f"python={python} cannot be run ({err.strerror})") from None
+    if out.returncode != 0:
+        said = out.stderr.strip()[-300:] or f"exit status {out.returncode}, nothing on stderr"
+        raise ValueError(f"python={python} does not run as a Python interpreter ({said})")
+
+
+@functools.cache
 def interpreter_mounts(python: str) -> tuple[str, ...]:
     """bubblewrap arguments that show ``python``, its standard library and their shared libraries.
 

@@ -46,7 +46,7 @@ from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.outputs import replacing
-from ragen2.resume import rotated
+from ragen2.resume import last_checkpoints, rotated
 
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM  # the shell's status for a process ended by SIGTERM
 
@@ -283,6 +283,15 @@ class LastCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         self._restore_handler()
+        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:  # Ctrl-C: where to go on from
+            saved = self.last_model_path or next(iter(last_checkpoints(self.dirpath or "")), None)
+            log.warning(
+                "Ctrl-C: stopped in iteration %d, which is not saved. %s",
+                trainer.current_epoch,
+                f"Continue with ckpt_path={saved}"
+                if saved
+                else "Nothing was saved: run it again to start over",
+            )
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         """Every rank: refuse non-finite weights (one all-reduce), then Lightning's save."""

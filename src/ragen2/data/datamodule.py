@@ -103,8 +103,14 @@ class RolloutDataModule(L.LightningDataModule):
         self.sampler = self.runner = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The env and rollout settings the run trained with (read back by ``ragen2-eval``)."""
-        return {"env": asdict(self.env), "rollout": self.rollout_cfg.saved()}
+        """The env, rollout and filter settings and the seed the run trained with (``ragen2-eval`` reads the
+        env and rollout back; a resume compares them all)."""
+        return {
+            "env": asdict(self.env),
+            "rollout": self.rollout_cfg.saved(),
+            "filter": asdict(self.filter),
+            "seed": self.seed,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Settings come from the config; the saved ones only document the run."""

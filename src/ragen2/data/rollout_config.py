@@ -65,10 +65,11 @@ class EnvConfig:
                 raise ConfigError(f"{key}={shown(value)} {problem}. Fix: {key}={shown(option.default)}")
 
     def make(self) -> ragen2_envs.TextEnv:
-        """A fresh instance of the environment; options it refuses together are a ``ConfigError``."""
+        """A fresh instance of the environment; options it refuses together, and what it needs but does not
+        find here (a file, an interpreter, a sandbox), are a ``ConfigError``."""
         try:
             return ragen2_envs.make(self.id, **self.kwargs)
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, OSError, RuntimeError) as err:
             raise ConfigError(
                 f"env.kwargs of {self.id}: {err}. Fix: change the env.kwargs named (conf/env/ holds each env's "
                 "defaults)"

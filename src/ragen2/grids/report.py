@@ -21,6 +21,7 @@ from ragen2.grids.table import (
     fmt,
     label,
     markdown,
+    skipped_lines,
     trajectories,
     write_csv,
 )
@@ -185,6 +186,7 @@ def summary(report: Report) -> str:
         f"grid {report.grid}: {complete} complete runs in {len(report.cells)} cells; "
         f"{len(failed)} failed or incomplete" + (":" if failed else ""),
         *(f"  {job} ({settings}): {why}" for job, settings, why in failed),
+        *(f"  {line}, left out" for line in skipped_lines(report.runs)),
         *first,
     ]
     if report.arms is not None:

@@ -7,7 +7,7 @@ import csv
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -53,15 +53,35 @@ class Run:
         None  # what submitit kept of its failure (result or log); None: none, or no submitit
     )
     problem: str | None = None  # why it is left out of the numbers; None: a complete run
+    unreadable: dict[str, str] = field(default_factory=dict)  # file -> why it could not be read
+    skipped: dict[str, Skipped] = field(default_factory=dict)  # column -> its cells that are not numbers
 
 
-def read_series(path: Path, upto: int | None = None) -> tuple[Series, int]:
-    """csv/metrics.csv -> ({column: [(iteration, value), …]}, the number of iterations logged).
+@dataclass
+class Skipped:
+    """A column's cells that are not numbers (text a foreign writer left, a line cut short): left out."""
+
+    count: int
+    example: str
+
+    def __str__(self) -> str:
+        return f"{self.count} non-numeric value{'s' * (self.count != 1)} (e.g. {self.example[:40]!r})"
+
+
+class SeriesRead(NamedTuple):
+    series: Series  # {column: [(iteration, value), …]}
+    iterations: int  # the number of iterations logged
+    skipped: dict[str, Skipped]  # column -> its cells that are not numbers, left out of ``series``
+
+
+def read_series(path: Path, upto: int | None = None) -> SeriesRead:
+    """csv/metrics.csv -> its columns' values by iteration, the number of iterations, the cells left out.
 
     Iteration rows carry ``train/iteration``; validation rows only ``epoch`` (the iteration they follow).
     ``upto``: only iterations 0 … upto − 1 and the validations after them (a common horizon).
     """
     series: Series = {}
+    skipped: dict[str, Skipped] = {}
     iterations: set[float] = set()
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
@@ -71,31 +91,38 @@ def read_series(path: Path, upto: int | None = None) -> tuple[Series, int]:
             if row.get("train/iteration"):
                 iterations.add(x)
             for key, value in row.items():
+                if key in ("step", "epoch") or value in ("", None):
+                    continue
                 number = _float(value)
-                if key not in ("step", "epoch") and number is not None:
+                if number is not None:
                     series.setdefault(key, []).append((float(x), number))
-    return series, len(iterations)
+                elif key is not None:  # (None: the cells of a row longer than the header)
+                    seen = skipped.setdefault(key, Skipped(0, str(value)))
+                    seen.count += 1
+    return SeriesRead(series, len(iterations), skipped)
 
 
 def _float(text: str | None) -> float | None:
     try:
         return None if text in ("", None) else float(text)
-    except ValueError:  # a cell a foreign writer left (text, a truncated line): not a metric
+    except (ValueError, TypeError):  # a cell a foreign writer left (text, a truncated line): not a metric
         return None
 
 
 def run_problem(run: Run) -> str | None:
     """Why a run is left out of the numbers (None: complete): no metrics, too few iterations, a failed job."""
-    reasons = []
+    reasons = [f"{name} unreadable: {why}" for name, why in run.unreadable.items()]
     if not run.has_folder:
         reasons.append("no run folder")
     elif not run.has_csv:
         reasons.append("no csv/metrics.csv")
+    elif METRICS_FILE in run.unreadable:
+        pass
     elif run.iterations == 0:
         reasons.append("no iteration in csv/metrics.csv (ended before the first one finished)")
     elif run.expected is not None and run.iterations < run.expected:
         reasons.append(f"{run.iterations} of {run.expected} iterations")
-    if run.has_folder and run.overrides is None:
+    if run.has_folder and run.overrides is None and OVERRIDES_FILE not in run.unreadable:
         reasons.append("no .hydra/overrides.yaml")
     if run.job_error is not None:
         reasons.append(f"submitit: {run.job_error}")
@@ -105,11 +132,30 @@ def run_problem(run: Run) -> str | None:
     return "; ".join(reasons) or None
 
 
-def _yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text()) if path.is_file() else None
-    except (OSError, yaml.YAMLError):
+#: a run folder's files the aggregate reads, relative to it
+METRICS_FILE, OVERRIDES_FILE, CONFIG_FILE, HYDRA_FILE = (
+    "csv/metrics.csv",
+    ".hydra/overrides.yaml",
+    ".hydra/config.yaml",
+    ".hydra/hydra.yaml",
+)
+
+
+def _yaml(folder: Path, name: str, unreadable: dict[str, str], kind: type = dict) -> Any:
+    """``folder/name`` parsed, or None when it is not there; why it could not be read, or what it holds
+    instead of a ``kind``, goes into ``unreadable``."""
+    path = folder / name
+    if not path.is_file():
         return None
+    try:
+        value = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        unreadable[name] = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return None
+    if not isinstance(value, kind):
+        unreadable[name] = f"it holds {type(value).__name__}, not a YAML {kind.__name__}"
+        return None
+    return value
 
 
 def read_run(
@@ -117,30 +163,34 @@ def read_run(
 ) -> Run:
     """One job folder; ``submitit`` maps submitit job ids to their log folders; ``upto``: read_series';
     ``trust_pickles``: job_problem's."""
-    overrides = _yaml(folder / ".hydra" / "overrides.yaml")
-    config = _yaml(folder / ".hydra" / "config.yaml") or {}
-    expected = upto or (config.get("iterations") if isinstance(config, dict) else None)
-    hydra = _yaml(folder / ".hydra" / "hydra.yaml")
-    job = ((hydra.get("hydra") or {}).get("job") or {}) if isinstance(hydra, dict) else {}
+    unreadable: dict[str, str] = {}
+    overrides = _yaml(folder, OVERRIDES_FILE, unreadable, list)
+    config = _yaml(folder, CONFIG_FILE, unreadable) or {}
+    expected = upto or config.get("iterations")
+    hydra = _yaml(folder, HYDRA_FILE, unreadable) or {}
+    job = (hydra.get("hydra") or {}).get("job") or {}
     job_id = None if job.get("id") is None else str(job["id"])
-    metrics = folder / "csv" / "metrics.csv"
+    metrics = folder / METRICS_FILE
+    read = SeriesRead({}, 0, {})
     try:
-        series, iterations = read_series(metrics, upto) if metrics.is_file() else ({}, 0)
-    except (csv.Error, UnicodeDecodeError, ValueError):  # a damaged file counts as one without iterations
-        series, iterations = {}, 0
+        read = read_series(metrics, upto) if metrics.is_file() else read
+    except (csv.Error, UnicodeDecodeError, ValueError) as err:  # binary, or a row past csv's field limit
+        unreadable[METRICS_FILE] = str(err)
     return Run(
         name=f"job {folder.name}",
         folder=folder,
-        overrides=parse_overrides(overrides) if isinstance(overrides, list) else None,
+        overrides=parse_overrides(overrides) if overrides is not None else None,
         job_id=job_id,
-        series=series,
-        iterations=iterations,
+        series=read.series,
+        iterations=read.iterations,
+        unreadable=unreadable,
+        skipped=read.skipped,
         expected=expected if isinstance(expected, int) else None,
         has_csv=metrics.is_file(),
         has_checkpoint=(folder / "checkpoints" / "last.ckpt").is_file(),
         # past a horizon the run reached, how its job ended (still running, cancelled, crashed) is moot
         job_error=None
-        if job_id is None or job_id not in submitit or (upto and iterations >= upto)
+        if job_id is None or job_id not in submitit or (upto and read.iterations >= upto)
         else job_problem(submitit[job_id], trust_pickles),
     )
 

@@ -220,6 +220,11 @@ def failed_lines(runs: Sequence[Run], keys: Sequence[str]) -> list[tuple[str, st
     return out
 
 
+def skipped_lines(runs: Sequence[Run]) -> list[str]:
+    """'job 3: train/foo: 2 non-numeric values (e.g. 'abc')' for each column of a run with cells left out."""
+    return [f"{run.name}: {column}: {seen}" for run in runs for column, seen in run.skipped.items()]
+
+
 def markdown(
     grid: Path, cells: Sequence[Cell], runs: Sequence[Run], keys: Sequence[str], upto: int | None = None
 ) -> str:
@@ -258,6 +263,8 @@ def markdown(
         lines += [f"| {md_cell(a)} | {md_cell(b)} | {md_cell(c)} |" for a, b, c in failed]
     else:
         lines.append("none")
+    if skipped := skipped_lines(runs):
+        lines += ["", "## Values left out (not numbers)", "", *(f"- {md_cell(line)}" for line in skipped)]
     lines += ["", "![metrics](aggregate_metrics.png)", "", "![curves](aggregate_curves.png)", ""]
     return "\n".join(lines)
 

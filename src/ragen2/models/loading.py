@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from filelock import FileLock
 
 from ragen2.errors import ConfigError
 from ragen2.models.lora import LoRAConfig
-from ragen2.outputs import share
+from ragen2.outputs import replacing_folder
 from ragen2.settings import settings
 
 BUILTIN = "builtin"
@@ -83,18 +82,19 @@ def build_once(name: str, build: Callable[[Path], None]) -> Path:
     with FileLock(str(root / f"{name}.lock")):
         if (target / "config.json").is_file():  # another process finished while we waited
             return target
-        for stale in [*root.glob(f".{name}-*"), target]:
+        # a killed builder's folders (``.<name>-*`` from releases before replacing_folder), a target without config
+        for stale in [
+            *root.glob(f".{name}.*.tmp"),
+            *root.glob(f".{name}.*.old"),
+            *root.glob(f".{name}-*"),
+            target,
+        ]:
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-        try:
-            build(tmp)
-            if not (tmp / "config.json").is_file():
-                wrote = ", ".join(sorted(p.name for p in tmp.iterdir())) or "nothing"
-                raise RuntimeError(f"building the model {name!r} in {tmp} wrote no config.json: {wrote}")
-            share(tmp)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with replacing_folder(target) as staged:
+            build(staged)
+            if not (staged / "config.json").is_file():
+                wrote = ", ".join(sorted(p.name for p in staged.iterdir())) or "nothing"
+                raise RuntimeError(f"building the model {name!r} in {staged} wrote no config.json: {wrote}")
     return target
 
 
@@ -249,6 +249,58 @@ def _folder_problem(path: Path) -> str | None:
         return f"holds no weights ({', '.join(_WEIGHTS)})"
     if not any((path / name).is_file() for name in _TOKENIZER):
         return f"holds no tokenizer ({', '.join(_TOKENIZER)})"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        try:
+            if (path / name).is_file():
+                json.loads((path / name).read_text())
+        except (ValueError, OSError) as err:
+            return f"holds a {name} that is not JSON ({err})"
+    shapes: dict[str, list[int]] = {}
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = _safetensors_problem(weights, shapes)
+        if problem:
+            return problem
+    return _shape_problem(path, shapes)
+
+
+def _safetensors_problem(file: Path, shapes: dict[str, list[int]]) -> str | None:
+    """What is wrong with a safetensors file's header or length (its tensors' shapes go into ``shapes``)."""
+    size = file.stat().st_size
+    try:
+        with file.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 0 < length <= size - 8:
+                return f"holds a {file.name} whose header is cut short or garbage ({size} bytes)"
+            header = json.loads(f.read(length))
+        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+        shapes.update({k: list(t["shape"]) for k, t in header.items() if k != "__metadata__"})
+    except (ValueError, KeyError, TypeError, IndexError, OSError) as err:
+        return f"holds a {file.name} whose header does not read ({err})"
+    expected = 8 + length + max(ends, default=0)
+    if size != expected:
+        return (
+            f"holds a {file.name} of {size:,} bytes where its header says {expected:,} (cut short or padded)"
+        )
+    return None
+
+
+def _shape_problem(path: Path, shapes: dict[str, list[int]]) -> str | None:
+    """Where config.json builds tensors of other shapes than the weights hold (another model's config)."""
+    if not shapes:
+        return None
+    try:
+        built = {k: list(v.shape) for k, v in skeleton(str(path)).state_dict().items()}
+    except Exception as err:  # transformers raises many kinds for a config it cannot build
+        return (
+            f"holds a config.json that transformers cannot build a model from ({type(err).__name__}: {err})"
+        )
+    differ = [k for k in shapes if k in built and shapes[k] != built[k]]
+    if differ:
+        k = differ[0]
+        return (
+            f"holds weights whose shapes config.json does not give ({len(differ)} tensors, e.g. {k}: {shapes[k]} "
+            f"in the weights, {built[k]} by config.json)"
+        )
     return None
 
 

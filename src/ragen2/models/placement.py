@@ -75,10 +75,7 @@ class Placement:
         if self.accelerator == "cpu" or (self.accelerator == "auto" and not cuda):
             return torch.device("cpu")
         if not cuda:
-            raise ConfigError(
-                f"trainer.accelerator={self.accelerator} but this machine has no CUDA device "
-                "(torch.cuda.is_available() is False). Fix: trainer.accelerator=cpu (or auto)"
-            )
+            raise no_cuda(self.accelerator)
         if index >= torch.cuda.device_count():
             raise ConfigError(
                 f"trainer.devices={self.devices!r}: GPU {index} is not here ({torch.cuda.device_count()} "
@@ -89,3 +86,11 @@ class Placement:
     def autocast(self) -> AbstractContextManager:
         """The forwards' autocast under a mixed precision, nothing otherwise."""
         return autocast(self.device(), self.precision)
+
+
+def no_cuda(accelerator: str) -> ConfigError:
+    """The error for ``trainer.accelerator=<a GPU>`` on a machine without one."""
+    return ConfigError(
+        f"trainer.accelerator={accelerator} but this machine has no CUDA device "
+        "(torch.cuda.is_available() is False). Fix: trainer.accelerator=cpu (or auto)"
+    )

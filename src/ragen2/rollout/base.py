@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ragen2.errors import ConfigError
+
 FinishReason = Literal["stop", "eos", "length"]
 
 
@@ -19,15 +21,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"rollout.max_new_tokens={self.max_new_tokens} must be ≥ 1. Fix: e.g. rollout.max_new_tokens=48"
             )
         if self.temperature < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"rollout.temperature={self.temperature} must be ≥ 0 (0 = greedy). Fix: rollout.temperature=1.0"
             )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout.top_p={self.top_p} must be in (0, 1]. Fix: rollout.top_p=1.0 (off)")
+            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]. Fix: rollout.top_p=1.0 (off)")
 
 
 @dataclass
