@@ -3,7 +3,9 @@
     python results/organism/analyze.py engineering     the stage-0 run's LR rule → engineering/engineering.json
     python results/organism/analyze.py pilot [stage]   the pilot's β* rule → <stage>/<stage>.json, .md, .png
                                                        (stage: pilot, or a fallback: stronger, p0)
-    python results/organism/analyze.py main            claims (a) and (c) on the main stage → main/main.json, main.md
+    python results/organism/analyze.py main            claims (a), (b1) and (c) on the main stage → main/main.json, main.md
+    python results/organism/analyze.py dose            claim (b2) and (b) on the dose stage with the main stage's
+                                                       seeds 0–9 at β* → dose/dose.json, dose.md, dose.png
     python results/organism/analyze.py calibration [stages …]   every MI proxy against the exact MI over the
                                                        stages' runs (default: the pilot's) → calibration/
 
@@ -288,13 +290,18 @@ def claim_b1(per_run: list[dict[str, float]], expected: int = 40) -> dict[str, o
     }
 
 
-def claim_b2(points: list[tuple[float, float, bool]]) -> dict[str, object]:
+def claim_b2(points: list[tuple[float, float, bool]], expected: int | None = None) -> dict[str, object]:
     """(b2): the logistic fit of collapse (0/1) on log(β/(1 − p₀)) over the ``none`` runs at β*, one point
-    (β, p₀, template collapse) a run; a positive slope with a Wald p below 0.05 holds, a slope ≤ 0 refutes."""
+    (β, p₀, collapse) a run; a positive slope with a Wald p below 0.05 holds, a slope ≤ 0 refutes. Fewer than
+    ``expected`` runs (or a single p₀): partial, the fit reported where there is one."""
     from ragen2.grids.stats import logistic_fit
 
-    if len({p0 for _, p0, _ in points}) < 2:
+    partial = expected is not None and len(points) < expected
+    if len({p0 for _, p0, _ in points}) < 2:  # one level of p₀: no axis yet
         return {"runs": len(points), "verdict": "partial"}
+    if len({c for *_, c in points}) < 2:  # no slope to estimate
+        same = f"every run {'collapsed' if points[0][2] else 'held'}"
+        return {"runs": len(points), "no_fit": same, "verdict": "partial" if partial else "inconclusive"}
     xs = [math.log(b / (1 - p0)) for b, p0, _ in points]
     fit = logistic_fit(xs, [int(c) for _, _, c in points])
     verdict = (
@@ -304,7 +311,148 @@ def claim_b2(points: list[tuple[float, float, bool]]) -> dict[str, object]:
         if fit.slope <= 0
         else "inconclusive"
     )
-    return {"runs": len(points), **fit._asdict(), "verdict": verdict}
+    return {"runs": len(points), **fit._asdict(), "verdict": "partial" if partial else verdict}
+
+
+#: the main stage's share of zero-variance prompts (the dose stage's fourth level, PROTOCOL.md stage 3)
+MAIN_P0 = 0.75
+DOSE_SEEDS = 10
+
+
+def p0_of(cell: str) -> float:
+    """``none_b0.1_p00.25`` → 0.25 (run.py's cell names); a main-stage cell has none: ``MAIN_P0``."""
+    return next((float(part[2:]) for part in cell.split("_") if part.startswith("p0")), MAIN_P0)
+
+
+def dose_outcomes() -> tuple[float, dict[tuple[str, float], dict[int, Outcome]]]:
+    """β* and every dose-response run by (filter, p₀): the dose stage's, and the main stage's seeds 0–9 at β*
+    as p₀ = 0.75."""
+    beta_star = json.loads((HERE / "pilot" / "pilot.json").read_text())["beta_star"]
+    found: dict[tuple[str, float], dict[int, Outcome]] = {}
+    picked = [*runs("dose").items()]
+    picked += [(k, f) for k, f in runs("main").items() if beta_of(k[0]) == beta_star and k[1] < DOSE_SEEDS]
+    for (cell, seed), folder in picked:
+        if filter_of(cell) in ("none", "top_p"):
+            found.setdefault((filter_of(cell), p0_of(cell)), {})[seed] = outcome(read(folder))
+    return beta_star, found
+
+
+def dose_stage() -> dict[str, object]:
+    """Claim (b2) and the phase table: per filter and p₀, how many runs collapsed; the ``none`` runs' logistic
+    fit on log(β*/(1 − p₀)); the ``top_p`` runs' fit, reported (the protocol expects its rate not to rise)."""
+    from ragen2.grids.stats import clopper_pearson
+
+    beta_star, found = dose_outcomes()
+    table = []
+    for (f, p0), arms in sorted(found.items()):
+        k = sum(o.collapse for o in arms.values())
+        table.append(
+            {
+                "filter": f,
+                "p0": p0,
+                "runs": len(arms),
+                "collapsed": k,
+                "template_collapse": sum(o.template_collapse for o in arms.values()),
+                "rate": k / len(arms),
+                "rate_interval": list(clopper_pearson(k, len(arms)))[1:],  # (low, high)
+                "mi_ratio_mean": statistics.fmean(o.mi_end / o.mi0 for o in arms.values()),
+            }
+        )
+    expected = 4 * DOSE_SEEDS  # p₀ ∈ {0.25, 0.5, 0.75, 0.9} × seeds 0–9
+    points = {
+        f: [(beta_star, p0, o.collapse) for (g, p0), arms in found.items() if g == f for o in arms.values()]
+        for f in ("none", "top_p")
+    }
+    main = HERE / "main" / "main.json"
+    b1 = json.loads(main.read_text())["b1"] if main.is_file() else {"verdict": "partial"}
+    b2 = claim_b2(points["none"], expected)
+    verdicts = {b1["verdict"], b2["verdict"]}
+    b = (
+        "partial"
+        if "partial" in verdicts
+        else "supported"
+        if verdicts == {"supported"}
+        else "refuted"
+        if "refuted" in verdicts
+        else "inconclusive"
+    )
+    return {
+        "beta_star": beta_star,
+        "phase": table,
+        "b2": b2,
+        "top_p_trend": claim_b2(points["top_p"], expected),
+        "b1": b1,
+        "b": {"verdict": b},
+    }
+
+
+def dose_markdown(result: dict[str, object]) -> str:
+    b2, top = result["b2"], result["top_p_trend"]
+
+    def fit(r: dict[str, object]) -> str:
+        if "slope" not in r:
+            return f"no fit ({r['runs']} runs)"
+        return f"slope {r['slope']:+.2f} ± {r['slope_se']:.2f} (Wald p {r['p_value']:.3g}), {r['runs']} runs"
+
+    rows = [
+        dict(r, rate_interval="[{:.2f}, {:.2f}]".format(*r["rate_interval"]))  # type: ignore[arg-type]
+        for r in result["phase"]  # type: ignore[attr-defined]
+    ]
+    keys = [
+        "filter",
+        "p0",
+        "runs",
+        "collapsed",
+        "template_collapse",
+        "rate",
+        "rate_interval",
+        "mi_ratio_mean",
+    ]
+    return (
+        f"# Dose-response (claim (b))\n\n(b): {result['b']['verdict']}; (b1): {result['b1']['verdict']}; "  # type: ignore[index]
+        f"(b2): {b2['verdict']}, {fit(b2)}; `top_p`'s rate on the same axis: {fit(top)}\n\n"  # type: ignore[index]
+        + _table(rows, keys)
+        + "\n\n![phase](dose.png)\n"
+    )
+
+
+def plot_dose(result: dict[str, object], path: Path) -> None:
+    """The phase plot: each filter's collapse rate (95 % Clopper–Pearson) and its runs' MI_end/MI₀ over p₀."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _, found = dose_outcomes()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for offset, f in ((-0.008, "none"), (0.008, "top_p")):
+        rows = [r for r in result["phase"] if r["filter"] == f]  # type: ignore[attr-defined]
+        if not rows:
+            continue
+        x = [r["p0"] + offset for r in rows]
+        y = [r["rate"] for r in rows]
+        low = [max(0.0, r["rate"] - r["rate_interval"][0]) for r in rows]  # (rounding at 0 and 1)
+        high = [max(0.0, r["rate_interval"][1] - r["rate"]) for r in rows]
+        axes[0].errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=f)
+        dots = [
+            (p0 + offset, o.mi_end / o.mi0)
+            for (g, p0), arms in found.items()
+            if g == f
+            for o in arms.values()
+        ]
+        axes[1].scatter(*zip(*dots), s=12, alpha=0.6, label=f)
+    axes[0].set(
+        xlabel="p₀ (share of zero-variance prompts)",
+        ylabel="collapse rate (MI_end ≤ ½ MI₀)",
+        ylim=(-0.05, 1.05),
+    )
+    axes[1].axhline(0.5, color="grey", lw=0.8, ls="--")
+    axes[1].set(xlabel="p₀", ylabel="MI_end / MI₀ (exact, per run)")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.suptitle(f"β* = {result['beta_star']}: collapse against the share of zero-variance prompts")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main_stage() -> dict[str, object]:
@@ -517,7 +665,7 @@ def write(folder: Path, name: str, result: dict[str, object], markdown: str | No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("engineering", "pilot", "main", "calibration"))
+    parser.add_argument("what", choices=("engineering", "pilot", "main", "dose", "calibration"))
     parser.add_argument(
         "stages", nargs="*", help="pilot: the stage the rule reads; calibration: the stages pooled"
     )
@@ -541,6 +689,10 @@ def main() -> None:
             result,
             f"# Main stage\n\n{verdicts}\n\n" + _table(result["runs"], keys) + "\n",
         )  # type: ignore[arg-type]
+    elif args.what == "dose":
+        result = dose_stage()
+        write(HERE / "dose", "dose", result, dose_markdown(result))
+        plot_dose(result, HERE / "dose" / "dose.png")
     else:
         result = calibration(args.stages or ["pilot"])
         write(HERE / "calibration", "calibration", result, calibration_markdown(result))

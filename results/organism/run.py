@@ -174,8 +174,10 @@ def collect(name: str, out: Path) -> None:
         writer = csv.DictWriter(buffer, fieldnames=keys)
         writer.writeheader()
         writer.writerows(r for r in rows if any(r[k] for k in keys if k not in ("step", "epoch")))
-        with gzip.open(target / "metrics.csv.gz", "wt") as f:
-            f.write(buffer.getvalue())
+        kept = target / "metrics.csv.gz"
+        if kept.is_file() and gzip.decompress(kept.read_bytes()).decode() == buffer.getvalue():
+            continue  # collected before: the file stays byte for byte
+        kept.write_bytes(gzip.compress(buffer.getvalue().encode(), mtime=0))  # no timestamp: same rows, same bytes
         print(f"collected {target.relative_to(ROOT)}")
 
 

@@ -165,3 +165,14 @@ def test_claim_b2_fits_collapse_on_the_regulariser_to_task_ratio(analyze) -> Non
     assert b2["slope_se"] == pytest.approx(math.sqrt(1 / 2 + 1 / 6 + 1 / 6 + 1 / 2) / math.log(5))
     assert b2["verdict"] == "inconclusive"  # z = log 9 / √(4/3) = 1.90: p = 0.057
     assert analyze.claim_b2([(0.1, 0.5, False)] * 3)["verdict"] == "partial"
+
+
+def test_the_dose_axis_reads_p0_from_the_cell_and_b2_waits_for_its_runs(analyze) -> None:
+    assert analyze.p0_of("none_b0.1_p00.25") == 0.25 and analyze.p0_of("top_p_b0.1_p00.9") == 0.9
+    assert analyze.p0_of("none_b0.1") == analyze.MAIN_P0 == 0.75  # the main stage's level
+    points = [(0.1, 0.5, i < 2) for i in range(8)] + [(0.1, 0.9, i < 6) for i in range(8)]
+    waiting = analyze.claim_b2(points, expected=40)  # 16 of the 40 runs: the fit shown, no verdict
+    assert waiting["verdict"] == "partial" and waiting["slope"] == pytest.approx(math.log(9) / math.log(5))
+    held = [(0.1, p0, False) for p0 in (0.5, 0.9)]
+    assert analyze.claim_b2(held, expected=40)["verdict"] == "partial"
+    assert analyze.claim_b2(held)["verdict"] == "inconclusive"  # every run held: no slope to estimate
