@@ -47,6 +47,11 @@ if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] &&
 fi
 echo "installing ragen2 for $device into $venv (vLLM build: $vllm_build)"
 rm -f "$stamp_file"
+# an interrupted `python -m venv` leaves bin/python without bin/activate or pip: build it again
+if [ -x "$venv/bin/python" ] && { [ ! -f "$venv/bin/activate" ] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; }; then
+  echo "$venv is an unfinished virtualenv (no bin/activate or no pip): building it again" >&2
+  python3 -m venv --clear "$venv"
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # shellcheck disable=SC1091
 . "$venv/bin/activate"

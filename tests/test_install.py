@@ -45,7 +45,25 @@ def test_an_up_to_date_virtualenv_is_left_alone(tmp_path: Path) -> None:
 
 def test_other_settings_install_again(tmp_path: Path) -> None:
     venv = _venv(tmp_path / "venv", _stamp("torch==2.12.0"))
+    (venv / "bin" / "activate").write_text("return 1\n")  # the install stops there, before any pip
     done = _install(venv)
-    # the install starts (and, in this fake virtualenv without an activate script, stops at once)
     assert "installing ragen2 for cpu" in done.stdout and "up to date" not in done.stdout
     assert done.returncode != 0 and not (venv / ".ragen2-install").exists()
+
+
+def test_an_unfinished_virtualenv_is_built_again(tmp_path: Path) -> None:
+    """``python -m venv`` cut short: bin/python, no pip. The script builds the virtualenv again (then, here,
+    stops at a torch that does not exist, with no package index)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    env = {
+        **os.environ,
+        **SETTINGS,
+        "RAGEN2_VENV": str(venv),
+        "RAGEN2_TORCH_SPEC": "ragen2-no-such-package==0",
+        "PIP_NO_INDEX": "1",
+    }
+    done = subprocess.run(["bash", "scripts/install.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert f"{venv} is an unfinished virtualenv (no bin/activate or no pip): building it again" in done.stderr
+    assert done.returncode != 0 and "ragen2-no-such-package" in done.stderr
+    assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"]).returncode == 0

@@ -77,9 +77,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     splits, records, iteration = check(cfg)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     report = Path(str(cfg.output)).expanduser()
-    with claim(
-        report.parent, "ragen2-diagnose", cfg
-    ):  # one program in the folder at a time; then Hydra's record
+    with claim(report.parent, "ragen2-diagnose", cfg):  # one program in the folder at a time; then the record
         return _diagnose(cfg, splits, records, iteration, state, overrides)
 
 

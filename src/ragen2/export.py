@@ -24,6 +24,7 @@ from ragen2._env import set_defaults
 from ragen2.cli import ProgramParser
 from ragen2.errors import ConfigError
 from ragen2.outputs import check_apart, check_no_run, replacing_folder, unwritable
+from ragen2.run_folder import LOCK, holding
 
 # ragen2-export --help
 ABOUT = (
@@ -77,12 +78,22 @@ def export(
 ) -> Path:
     """Write the checkpoint's policy (``adapter``: a LoRA run's adapters alone) and its tokenizer to the folder
     ``out``; returns it."""
-    from ragen2.models.checkpoint import CheckpointError, load_policy, read_checkpoint, saved_lora
-    from ragen2.models.loading import check_source, load_tokenizer
+    from ragen2.models.loading import check_source
 
     folder = check_destination(out, overwrite, checkpoint)
     if name_or_path is not None:
         check_source(name_or_path)
+    # beside the folder (which is replaced as a whole): a second export into it at the same time is refused
+    with holding(folder.absolute().parent / f".{folder.name}{LOCK}", "ragen2-export"):
+        return _export(checkpoint, folder, name_or_path, dtype, adapter)
+
+
+def _export(
+    checkpoint: str, folder: Path, name_or_path: str | None, dtype: str | None, adapter: bool
+) -> Path:
+    from ragen2.models.checkpoint import CheckpointError, load_policy, read_checkpoint, saved_lora
+    from ragen2.models.loading import load_tokenizer
+
     state = read_checkpoint(checkpoint)
     if adapter and saved_lora(state) is None:
         raise CheckpointError(

@@ -210,14 +210,17 @@ def share(folder: Path) -> None:
 
 @contextmanager
 def replacing_folder(folder: Path) -> Iterator[Path]:
-    """A new folder beside ``folder`` (``.<name>.<random>.tmp``) for the block to fill: when the block ends it
-    takes ``folder``'s place (an old one is moved aside first, put back if the swap fails, removed once the new
+    """A new folder beside ``folder`` (``.<name>.<random>.tmp``) for the block to fill: when the block ends its
+    files are fsynced and it takes ``folder``'s place (an old one is moved aside first, put back if the swap fails, removed once the new
     one is in place); when the block raises it is removed and ``folder`` stays as it was."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
     try:
         yield staged
         share(staged)
+        for path in (p for p in staged.rglob("*") if p.is_file()):  # on disk before the old folder goes
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
         swap_in(staged, folder)
     finally:
         shutil.rmtree(staged, ignore_errors=True)  # gone already once swapped in

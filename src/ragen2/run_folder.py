@@ -38,7 +38,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -284,19 +284,24 @@ def claim(
         yield
         return
     named = [folders] if isinstance(folders, str | Path) else list(folders)
-    locks = list(dict.fromkeys(Path(f).expanduser().absolute() / LOCK for f in named))
-    me = Holder.here(program)
-    taken: list[Path] = []
-    try:
+    locks = dict.fromkeys(Path(f).expanduser().absolute() / LOCK for f in named)
+    with ExitStack() as held:
         for lock in locks:
-            take(lock, me)
-            taken.append(lock)
+            held.enter_context(holding(lock, program))
         if cfg is not None:
             write_hydra_record(cfg)
         yield
+
+
+@contextmanager
+def holding(lock: Path, program: str) -> Iterator[None]:
+    """The lock file ``lock`` held for ``program`` (this process) while the block runs."""
+    me = Holder.here(program)
+    take(lock, me)
+    try:
+        yield
     finally:
-        for lock in taken:
-            release(lock, me)
+        release(lock, me)
 
 
 @contextmanager

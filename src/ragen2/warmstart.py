@@ -52,9 +52,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Warm-start with a composed config; returns what ``<output>/warmstart.json`` records."""
     check(cfg)
     quiet_lightning()
-    with claim(
-        cfg.run_dir, "ragen2-warmstart", cfg
-    ):  # one program in the folder at a time; then Hydra's record
+    # one program at a time in the run folder and where the model lands; then Hydra's record
+    with claim([cfg.run_dir, Path(str(cfg.output)).expanduser().parent], "ragen2-warmstart", cfg):
         return _warmstart(cfg)
 
 
