@@ -121,7 +121,9 @@ def checkpoint_env(args: Sequence[str], config_name: str) -> str | None:
         return None
     env_id = ((state.get("RolloutDataModule") or {}).get("env") or {}).get("id")
     options = [
-        f.stem for f in sorted((CONF_DIR / "env").glob("*.yaml")) if OmegaConf.load(f).get("id") == env_id
+        f.stem
+        for f in sorted((CONF_DIR / "env").glob("*.yaml"))
+        if OmegaConf.select(OmegaConf.load(f), "id") == env_id
     ]
     return f"env={options[0]}" if env_id and options else None
 
