@@ -745,7 +745,7 @@ def _other_shapes(tmp_path: Path) -> Path:
     config.update({"hidden_size": 32, "intermediate_size": 64, "head_dim": 32 // heads})
     folder = tmp_path / "narrow"
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(tiny / name, folder / name)
     return folder
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ragen2.errors import ConfigError
 from ragen2.log import log
-from ragen2.models.checkpoint import POLICY_PREFIX, read_checkpoint
+from ragen2.models.checkpoint import POLICY_PREFIX, another_model, read_checkpoint
 from ragen2.models.loading import skeleton
 from ragen2.models.lora import LoRAConfig
 from ragen2.modules.run_state import KEY
@@ -183,16 +183,8 @@ def _check_shapes(
         *(f"{k} is missing" for k in expected if k not in held and k not in tied),
     ]
     if problems:
-        model_then = saved_model.get("name_or_path")
-        raise ConfigError(
-            f"{where} holds the weights of another model than model.name_or_path={name_or_path} "
-            f"({len(problems)} tensors differ, e.g. {problems[0]}). Fix: "
-            + (
-                f"model.name_or_path={model_then} (the checkpoint's)"
-                if model_then
-                else "the checkpoint's model"
-            )
-            + ", or ckpt_path=null in a new run folder"
+        raise another_model(
+            where, name_or_path, problems, saved_model, ", or ckpt_path=null in a new run folder"
         )
 
 

@@ -209,3 +209,40 @@ def test_a_broken_model_folder_is_one_line_in_every_program(
     assert line.endswith(
         "Fix: the folder save_pretrained wrote (config.json, weights, tokenizer files), or builtin / tiny"
     )
+
+
+@pytest.fixture(scope="module")
+def frozenlake_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    done = subprocess.run(
+        [str(BIN / "ragen2-train"), "debug=fast", f"hydra.run.dir={run_dir}"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("ragen2-eval", "num_seeds=1"), ("ragen2-diagnose", "num_seeds=2", "samples=2")],
+    ids=["eval", "diagnose"],
+)
+def test_a_checkpoint_of_another_model_is_one_line(
+    args: tuple[str, ...], frozenlake_checkpoint: Path, tmp_path: Path
+) -> None:
+    from test_config_errors import _other_shapes
+
+    narrow = _other_shapes(tmp_path)
+    line = _one_line(
+        (
+            *args,
+            f"checkpoint={frozenlake_checkpoint}",
+            f"model.name_or_path={narrow}",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ),
+        tmp_path,
+    )
+    assert line.startswith(
+        f"{args[0]}: checkpoint={frozenlake_checkpoint} holds the weights of another model than "
+        f"model.name_or_path={narrow} ("
+    ), line
+    assert line.endswith("Fix: model.name_or_path=tiny (the checkpoint's)"), line

@@ -117,7 +117,7 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path, target: Path) -> No
             f"{_megabytes(shutil.disk_usage(folder).free)} is free. {target.name} was not written; the "
             "checkpoints already there are kept. Fix: free space there (or raise the limit), or "
             "callbacks.checkpoint.dirpath=<a folder with room> (callbacks.checkpoint.keep=1 halves the space "
-            "taken), then resume with ckpt_path=<its last.ckpt>"
+            "taken), then resume with ckpt_path=last (the newest checkpoint there that loads)"
         ) from None
 
 

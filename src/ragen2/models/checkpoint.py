@@ -18,7 +18,7 @@ default, merges them into its weights: a plain HF model, as eval, diagnose, expo
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,15 @@ def load_policy(
     base = load_model(name_or_path, dtype)
     adapted = None if lora is None else lora.wrap(base, f"model.name_or_path={name_or_path!r}")
     model = base if adapted is None else adapted.get_base_model()
+    own = model.state_dict()
+    differ = [
+        f"{POLICY_PREFIX}{k}: {list(v.shape)} there, {list(own[k].shape)} here"
+        for k, v in weights.items()
+        if k in own and tuple(v.shape) != tuple(own[k].shape)
+    ]
+    if differ:
+        saved = (state.get("ragen2") or {}).get("model") or {}
+        raise another_model(f"checkpoint={checkpoint}", name_or_path, differ, saved)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # tied embeddings appear once in the checkpoint and a LoRA run's frozen base not at all (the base model
     # supplies both); anything else missing means the wrong base model
@@ -173,6 +182,19 @@ def load_policy(
     if adapted is None:
         return model
     return adapted.merge_and_unload() if merge else adapted
+
+
+def another_model(
+    where: str, name_or_path: str, problems: list[str], saved_model: Mapping[str, Any], more: str = ""
+) -> CheckpointError:
+    """The error for a checkpoint whose policy weights are another model's than ``name_or_path``'s
+    (``problems``: the tensors that differ, in words; ``saved_model``: the checkpoint's own model settings)."""
+    model_then = saved_model.get("name_or_path")
+    fix = f"model.name_or_path={model_then} (the checkpoint's)" if model_then else "the checkpoint's model"
+    return CheckpointError(
+        f"{where} holds the weights of another model than model.name_or_path={name_or_path} "
+        f"({len(problems)} tensors differ, e.g. {problems[0]}). Fix: {fix}{more}"
+    )
 
 
 def saved_settings(state: dict[str, Any], checkpoint: str) -> dict[str, dict[str, Any]]:

@@ -526,7 +526,7 @@ def _nonfinite(algo: AlgoConfig, iteration: int, step: int, norms: dict[str, flo
             f"(algo.optim.lr={algo.optim.lr:g}), fp16 overflow (trainer.precision=16-mixed), or a "
             "degenerate batch (non-finite rewards or advantages). Fix: lower algo.optim.lr or raise "
             "algo.optim.warmup_steps, train in trainer.precision=bf16-mixed, check the env's rewards; "
-            "then resume from last.ckpt (algo.max_nonfinite_steps=0 skips such steps without stopping)"
+            "then resume with ckpt_path=last, the newest checkpoint that loads (algo.max_nonfinite_steps=0 skips such steps without stopping)"
         )
 
 
