@@ -237,3 +237,22 @@ def test_running_unisolated_warns_once_per_process(
     assert [env.isolated for env in envs] == [False, False]
     warnings = [r for r in caplog.records if "WITHOUT isolation" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
+
+
+def test_no_sandbox_and_no_interpreter_are_one_line_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the env needs and does not find here is a ConfigError from EnvConfig.make (one line at start-up),
+    not a traceback: no sandbox (allow_unisolated=false), an interpreter that is no Python."""
+    from ragen2_envs.deepcoder import sandbox
+
+    from ragen2.data.rollout_config import EnvConfig
+    from ragen2.errors import ConfigError
+
+    nothing = sandbox.Isolation(False, "bubblewrap: not installed; unshare: not root", None)
+    with monkeypatch.context() as patch:
+        patch.setattr(sandbox, "isolation_status", lambda: nothing)
+        with pytest.raises(
+            ConfigError, match=r"^env\.kwargs of ragen2/DeepCoder-v0: cannot sandbox untrusted code "
+        ):
+            EnvConfig(id="ragen2/DeepCoder-v0").make()
+    with pytest.raises(ConfigError, match=r"python=/bin/false does not run as a Python interpreter"):
+        EnvConfig(id="ragen2/DeepCoder-v0", kwargs={"python": "/bin/false"}).make()
