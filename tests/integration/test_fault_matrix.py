@@ -112,7 +112,11 @@ def _earlier(program: str, kind: str, dest: Path) -> None:
         },
         ("ragen2-train", "logger folder"): {"csv/metrics.csv": "step,loss\n0,1.0\n"},
         ("ragen2-eval", "output"): {"": '{"success": 0.5}'},
-        ("ragen2-diagnose", "output"): {"metrics.json": "{}", "index.md": "# an earlier report\n"},
+        ("ragen2-diagnose", "output"): {
+            "metrics.json": "{}",
+            "heatmap.png": "png",
+            "index.md": "# a report\n",
+        },
         ("ragen2-warmstart", "output"): {"config.json": "{}", "model.safetensors": "weights"},
         ("ragen2-warmstart", "run folder"): {"model/config.json": "{}", "model/model.safetensors": "weights"},
         ("ragen2-export", "destination"): {"config.json": "{}", "model.safetensors": "weights"},

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from ragen2.diagnostics.mi import mi_metrics, per_token, true_rank
 from ragen2.diagnostics.regimes import Regime
 from ragen2.errors import ConfigError
 from ragen2.log import log
-from ragen2.outputs import write_atomic
+from ragen2.outputs import replacing, write_atomic
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,7 @@ def _plots(diag: Diagnosis, folder: Path) -> None:
     axes[0].legend(loc="upper right", fontsize=7)
     fig.suptitle("Cross-scores: an input-driven policy shows a bright ×-diagonal on the right")
     fig.tight_layout()
-    fig.savefig(folder / "heatmap.png", dpi=110)
+    save_png(fig, folder / "heatmap.png")
     plt.close(fig)
 
     m, splits = diag.metrics, diag.info["splits"]
@@ -347,7 +348,7 @@ def _plots(diag: Diagnosis, folder: Path) -> None:
         title=f"This pass: {diag.info['region']}",
     )
     fig.tight_layout()
-    fig.savefig(folder / "quadrant.png", dpi=110)
+    save_png(fig, folder / "quadrant.png")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -362,7 +363,7 @@ def _plots(diag: Diagnosis, folder: Path) -> None:
     )
     ax.legend()
     fig.tight_layout()
-    fig.savefig(folder / "ranks.png", dpi=110)
+    save_png(fig, folder / "ranks.png")
     plt.close(fig)
 
 
@@ -461,9 +462,18 @@ def _index_md(diag: Diagnosis, wrong: list[dict[str, Any]]) -> str:
 REPORT_FILES = ("metrics.json", "rows.jsonl", "heatmap.png", "quadrant.png", "ranks.png", "index.md")
 
 
+def save_png(fig: Any, path: Path) -> None:
+    """A figure written as ``write_atomic`` writes text: beside ``path``, fsynced, renamed into place (a failure
+    keeps the earlier image)."""
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+
+
 def write_report(diag: Diagnosis, folder: str | Path, limit: int = 10) -> Path:
-    """Write the report folder (``REPORT_FILES``); returns it. The JSON and Markdown files are written
-    atomically (``ragen2.outputs.write_atomic``): a failure keeps each one's earlier version, or none."""
+    """Write the report folder (``REPORT_FILES``); returns it. Every file is written atomically
+    (``ragen2.outputs.write_atomic``, ``save_png``): a failure keeps each one's earlier version, or none."""
     folder = Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     wrong = misretrieved(diag, limit)
