@@ -27,7 +27,7 @@ from ragen2.cli import hydra_program, task_overrides  # noqa: E402
 from ragen2.config import check_top_level  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
-from ragen2.outputs import Output, check_output  # noqa: E402
+from ragen2.outputs import Output, check_output, check_outside  # noqa: E402
 from ragen2.run_folder import claim  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
@@ -63,6 +63,7 @@ def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
             f"splits={splits}: {err}. Fix: e.g. splits.mi_fraction=0.1 splits.entropy=0.5"
         ) from None
     report = Output.report("output", Path(str(cfg.output)), REPORT_FILES)
+    check_outside("output", report.path, "folder", {"model.name_or_path": str(cfg.model.name_or_path)})
     check_output(report, {"rollouts": cfg.rollouts, "checkpoint": cfg.checkpoint}, cfg.overwrite)
     if cfg.rollouts is None:
         return quadrant, [], None

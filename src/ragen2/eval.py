@@ -32,7 +32,7 @@ from ragen2.cli import hydra_program, task_overrides  # noqa: E402
 from ragen2.config import check_top_level  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.log import log  # noqa: E402
-from ragen2.outputs import Output, check_output, write_atomic  # noqa: E402
+from ragen2.outputs import Output, check_output, check_outside, write_atomic  # noqa: E402
 from ragen2.run_folder import claim  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
@@ -66,6 +66,7 @@ def check(cfg: DictConfig) -> Path:
     out = Path(str(cfg.output)).expanduser()
     if out.is_dir():
         raise ConfigError(f"output={out} is a folder. Fix: output={out / 'eval.json'}")
+    check_outside("output", out, "file", {"model.name_or_path": str(cfg.model.name_or_path)})
     check_output(Output.file("output", out, records_path(out)), {"checkpoint": cfg.checkpoint}, cfg.overwrite)
     return out
 

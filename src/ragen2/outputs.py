@@ -127,6 +127,19 @@ def check_apart(
                 )
 
 
+def check_outside(key: str, path: Path, kind: str, folders: Mapping[str, str | Path | None]) -> None:
+    """Refuse ``key=path`` inside one of ``folders`` (key -> a folder the program reads, None for none): its
+    results would land among the files it reads (an ``eval.json`` in the model folder)."""
+    where = path.expanduser().resolve()
+    for name, value in folders.items():
+        folder = None if value is None else Path(value).expanduser()
+        if folder is not None and folder.is_dir() and folder.resolve() in where.parents:
+            raise ConfigError(
+                f"{key}={path} lies in {name}={value}: a run writes no results over or among what it reads. "
+                f"Fix: {key}=<a {kind} outside it>"
+            )
+
+
 def check_no_run(key: str, folder: Path) -> None:
     """Refuse ``key=folder``, a folder replaced as a whole, when that would remove a training run's files or
     put a file's place in a folder's."""

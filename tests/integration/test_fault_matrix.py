@@ -204,3 +204,23 @@ def test_fault_matrix(
         name for name in before if after.get(name) != before[name] and not name.endswith(("train.log", LOCK))
     }
     assert not lost, f"changed or removed: {sorted(lost)}"
+
+
+@pytest.mark.parametrize("program", ["eval", "diagnose"])
+def test_an_output_inside_the_model_folder_it_reads_is_refused(program: str, tmp_path: Path) -> None:
+    import importlib
+    import shutil
+
+    from ragen2.models.loading import resolve_model_path
+
+    model = Path(shutil.copytree(resolve_model_path("tiny"), tmp_path / "model"))
+    before = _hashes(model)
+    out = model / ("eval.json" if program == "eval" else "report")
+    args = ["rollout=scripted", "num_seeds=2", "samples=4", f"model.name_or_path={model}", f"output={out}"]
+    kind = "file" if program == "eval" else "folder"
+    with pytest.raises(
+        ConfigError,
+        match=rf"^output={out} lies in model\.name_or_path={model}: .*Fix: output=<a {kind} outside it>$",
+    ):
+        importlib.import_module(f"ragen2.{program}").run(compose(args, config_name=program))
+    assert _hashes(model) == before and sorted(p.name for p in model.iterdir()) == sorted(before)
