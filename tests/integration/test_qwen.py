@@ -39,16 +39,24 @@ def _moved(run_dir: Path) -> bool:
     return any(not torch.equal(v, before[k]) for k, v in after.items())
 
 
-def test_a_qwen3_template_stops_the_run_before_the_model_loads(tmp_path: Path) -> None:
-    """A model folder with Qwen's tokenizer, Qwen3's published template and weights that cannot load: the
-    run stops at the runner's template check, which comes before anything tries to load the weights."""
+def test_a_qwen3_template_stops_the_run_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model folder with Qwen's tokenizer and Qwen3's published template, where any model load fails: the
+    run stops at the runner's template check, which comes before anything loads the weights."""
+    import transformers
+
     folder = tmp_path / "Qwen3-like"
     built = Path(resolve_model_path("tiny-qwen2"))
-    shutil.copytree(built, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(built, folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = QWEN3_TEMPLATE.read_text().removesuffix("\n")
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    (folder / "model.safetensors").write_bytes(b"not safetensors")  # loading them would fail otherwise
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model loaded before the template check")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     cfg = compose([*QWEN, f"model.name_or_path={folder}", "rollout=scripted"], run_dir=str(tmp_path / "run"))
     with pytest.raises(
         ConfigError, match=rf"^model.name_or_path='{folder}': its chat template does not keep"
