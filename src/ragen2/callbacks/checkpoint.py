@@ -69,16 +69,17 @@ class DiskFullError(ConfigError):
 
 class _Sink:
     """The file ``torch.save`` writes through, keeping the error of a failed write (torch reports one as a
-    bare "unexpected pos" RuntimeError)."""
+    bare "unexpected pos" RuntimeError): an OSError, or what a signal handler raised mid-write (submitit's
+    USR2 handler exits with SystemExit once it has requeued the job)."""
 
     def __init__(self, file: IO[bytes]) -> None:
         self.file = file
-        self.error: OSError | None = None
+        self.error: BaseException | None = None
 
     def write(self, data: bytes) -> int:
         try:
             return self.file.write(data)
-        except OSError as err:
+        except BaseException as err:
             self.error = err
             raise
 
