@@ -7,7 +7,6 @@ apply are listed in ``NOT_APPLICABLE`` with the reason (docs/reliability.md show
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import socket
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import FAST
+from integration.test_output_guard import _hashes
 from ragen2.config import compose
 from ragen2.errors import ConfigError
 from ragen2.run_folder import LOCK
@@ -50,14 +50,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     run(compose([*FAST, "iterations=1"], run_dir=str(run_dir)))
     return run_dir / "checkpoints" / "last.ckpt"
-
-
-def _hashes(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 def _program(program: str, kind: str, dest: Path, tmp: Path, ckpt: Path) -> Callable[..., object]:

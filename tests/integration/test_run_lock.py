@@ -5,7 +5,6 @@ resume with another seed (refused before anything is written), and the lock file
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import FAST
+from integration.test_output_guard import _hashes as every_hash
 from ragen2.errors import ConfigError
 from ragen2.run_folder import LOCK, Holder, job_rank, release, take
 
@@ -25,11 +25,8 @@ TRAIN = [sys.executable, "-m", "ragen2.train", *FAST]
 
 
 def _hashes(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != "train.log"  # the refusal's own log line is appended there
-    }
+    """``test_output_guard._hashes`` but for train.log, where a refusal appends its own line."""
+    return {name: digest for name, digest in every_hash(folder).items() if Path(name).name != "train.log"}
 
 
 def _ended_pid() -> int:
