@@ -1,7 +1,7 @@
 """The organism study's runs (PROTOCOL.md): each stage's grid of cells × seeds through ``ragen2-train
 experiment=organism``, ``--jobs`` runs at a time, each on one thread. A run writes to ``<out>/<stage>/<cell>/s<seed>``;
-a run cut off resumes from its ``last.ckpt``; a finished one (``done``) is skipped, so a stage can stop anywhere
-and be run again to continue. ``collect`` copies what the analysis reads (the config, the logged columns it
+a run cut off resumes from its ``last.ckpt``; a finished one (``done``, or collected into ``results/organism/runs/``)
+is skipped, so a stage can stop anywhere and be run again to continue, on this machine or from a fresh checkout. ``collect`` copies what the analysis reads (the config, the logged columns it
 uses, compressed) into ``results/organism/runs/``.
 
     python results/organism/run.py pilot [--jobs 2] [--out outputs/organism] [--hours 2.5]
@@ -128,8 +128,13 @@ def runs(name: str, out: Path) -> list[tuple[Path, list[str]]]:
     ]
 
 
-def run_one(folder: Path, overrides: list[str], deadline: float) -> str:
-    if (folder / "done").is_file():
+def collected(folder: Path, out: Path) -> Path:
+    """Where ``collect`` keeps a run's columns: a run found there is finished, whatever ``out`` still holds."""
+    return HERE / "runs" / folder.relative_to(out) / "metrics.csv.gz"
+
+
+def run_one(folder: Path, overrides: list[str], deadline: float, out: Path) -> str:
+    if (folder / "done").is_file() or collected(folder, out).is_file():
         return f"{folder}: done before"
     resume = (folder / "checkpoints" / "last.ckpt").is_file()
     command = [
@@ -174,7 +179,7 @@ def collect(name: str, out: Path) -> None:
         writer = csv.DictWriter(buffer, fieldnames=keys)
         writer.writeheader()
         writer.writerows(r for r in rows if any(r[k] for k in keys if k not in ("step", "epoch")))
-        kept = target / "metrics.csv.gz"
+        kept = collected(folder, out)
         if kept.is_file() and gzip.decompress(kept.read_bytes()).decode() == buffer.getvalue():
             continue  # collected before: the file stays byte for byte
         kept.write_bytes(gzip.compress(buffer.getvalue().encode(), mtime=0))  # no timestamp: same rows, same bytes
@@ -199,7 +204,7 @@ def main() -> None:
         return None
     deadline = time.time() + 3600 * args.hours
     with ThreadPoolExecutor(args.jobs) as pool:
-        for message in pool.map(lambda r: run_one(*r, deadline), runs(args.what, args.out)):
+        for message in pool.map(lambda r: run_one(*r, deadline, args.out), runs(args.what, args.out)):
             print(message, flush=True)
     return None
 
