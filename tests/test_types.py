@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "src" / "ragen2"
 # the packages of optional extras the library imports (rollout=vllm): where one is not installed (RAGEN2_VLLM=none,
 # macOS) its imports cannot resolve, which says nothing about the library's own types
-OPTIONAL = ("vllm",)
+OPTIONAL = ("vllm", "mlflow")
 UNRESOLVED = re.compile(r'Import "(\w+)[\w.]*" could not be resolved')
 
 

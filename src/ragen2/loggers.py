@@ -19,12 +19,18 @@ first step a (re)started logger writes is where the run resumed; history at or a
   writes its own ``offline-run-<time>-<id>`` folder and ``wandb sync`` appends them to that one run.
   A row the interrupted attempt logged after its last checkpoint stays in its file (wandb cannot
   rewind offline); plotted against ``trainer/global_step`` that iteration shows twice.
+- ``MLFlowLogger`` (``logger=mlflow``, the ``mlflow`` extra): Lightning's MLFlowLogger, by default on a
+  local file store under the run folder (offline). The MLflow run id is kept in a file of the run folder,
+  so every attempt of a run continues one MLflow run; its first write drops, in a local file store, the
+  values logged at or after its first step (MLflow has no call that removes logged values; on a server or a
+  database store they stay, as in wandb). MLflow 3 refuses a file store unless
+  ``MLFLOW_ALLOW_FILE_STORE`` is true: the logger sets it for its process unless it is set already.
 - ``save_before_requeue``: submitit's USR2 handler requeues the job, and SLURM kills every process of it at
   once; a step put in front of that handler (``ragen2.resume.requeue_plugins``) first has each logger write
   out what it holds.
 
 Steps are Lightning's ``_batches_that_stepped``, one per RL iteration here, restored from the checkpoint.
-The two subclasses keep Lightning's class names, and a callback that looks for Lightning's CSV logger
+The subclasses keep Lightning's class names, and a callback that looks for Lightning's CSV logger
 (curves.png) finds this one.
 """
 
@@ -33,11 +39,14 @@ from __future__ import annotations
 import csv
 import hashlib
 import importlib
+import importlib.util
 import os
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import loggers as pl_loggers
@@ -46,7 +55,10 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
+from ragen2.config import mlflow_missing
+from ragen2.errors import ConfigError
 from ragen2.log import log
+from ragen2.outputs import write_atomic
 
 # the loggers of this process, for save_before_requeue (a requeued job is killed right after the signal)
 _LIVE: weakref.WeakSet[Logger] = weakref.WeakSet()
@@ -165,6 +177,120 @@ def wandb_logger(save_dir: str, id: str | None = None, offline: bool = False, **
     logger = WandbLogger(save_dir=save_dir, id=id or wandb_run_id(save_dir), offline=offline, **kwargs)
     _LIVE.add(logger)
     return logger
+
+
+def local_store(tracking_uri: str) -> Path | None:
+    """The folder of an MLflow file store named ``file:<path>``, or None for any other store."""
+    parsed = urlparse(tracking_uri)
+    return Path(url2pathname(parsed.path)) if parsed.scheme == "file" else None
+
+
+def values_before(lines: Sequence[str], step: int) -> list[str]:
+    """The lines of an MLflow file store's metric file (``<time> <value> [<step> …]``) logged before
+    ``step``; a line without a step is step 0, as MLflow reads it."""
+    fields = [line.split() for line in lines]
+    return [line for line, f in zip(lines, fields) if f and (int(f[2]) if len(f) > 2 else 0) < step]
+
+
+class MLFlowLogger(pl_loggers.MLFlowLogger):
+    """Lightning's MLFlowLogger, continuing one MLflow run across the restarts of its run folder.
+
+    ``run_id_file`` holds the run's id once the run is created; a restart continues that run (marked
+    running again) rather than creating another. An id the store does not hold (the store was moved or
+    deleted) starts a new run, with a warning. ``tracking_uri=None`` is the file store in ``save_dir``."""
+
+    def __init__(
+        self,
+        run_id_file: str,
+        save_dir: str = "./mlruns",
+        tracking_uri: str | None = None,
+        run_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if importlib.util.find_spec("mlflow") is None:
+            raise ConfigError(mlflow_missing(type(self).__name__))
+        save_dir = str(Path(save_dir).expanduser().absolute())
+        uri = tracking_uri or f"file:{save_dir}"
+        if local_store(uri) is not None:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self._run_id_file = Path(run_id_file).expanduser().absolute()
+        self._stored = (
+            self._run_id_file.read_text().strip() if run_id is None and self._run_id_file.is_file() else None
+        )
+        super().__init__(save_dir=save_dir, tracking_uri=uri, run_id=run_id or self._stored, **kwargs)
+        self._continued = False
+        self._resumed = False
+        _LIVE.add(self)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        if not self._initialized:
+            self._continue_run()
+        client = super().experiment
+        if self._run_id is not None and self._run_id != self._stored:  # kept for the next attempt
+            self._run_id_file.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self._run_id_file, self._run_id + "\n")
+            self._stored = self._run_id
+        return client
+
+    def _continue_run(self) -> None:
+        """The run this folder holds (or the given ``run_id``), marked running again, if the store holds it."""
+        from mlflow.entities import RunStatus
+        from mlflow.exceptions import MlflowException
+
+        if self._run_id is not None:
+            try:
+                run = self._mlflow_client.get_run(self._run_id)
+            except MlflowException:
+                if self._run_id != self._stored:  # an id given by hand: the store must hold it
+                    raise
+                log.warning(
+                    "MLflow run %s (from %s) is not in %s: starting a new MLflow run",
+                    self._run_id,
+                    self._run_id_file,
+                    self._tracking_uri,
+                )
+                self._run_id = None
+            else:
+                self._continued = True
+                if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
+                    self._mlflow_client.update_run(self._run_id, status="RUNNING")
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if not self._resumed and step is not None:
+            self._resumed = True
+            self._drop_from(step)
+        # MLflow refuses "@" in a name (Lightning would drop it, with a warning each time): retrieval_acc@4
+        # is logged as retrieval_acc_at_4
+        super().log_metrics({k.replace("@", "_at_"): v for k, v in metrics.items()}, step)
+
+    def _drop_from(self, step: int) -> None:
+        """Remove the values this run logged at or after ``step`` (a local file store's metric files)."""
+        run_id = self.run_id  # creates or continues the run
+        if not self._continued or run_id is None:
+            return
+        store = local_store(self._tracking_uri)
+        if store is None:
+            log.warning(
+                "MLflow run %s keeps what it logged from step %d on before this restart: %s is not a local "
+                "file store, whose values this logger can remove",
+                run_id,
+                step,
+                self._tracking_uri,
+            )
+            return
+        folder = store / str(self.experiment_id) / run_id / "metrics"
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []:
+            lines = path.read_text().splitlines(keepends=True)
+            kept = values_before(lines, step)
+            if len(kept) == len(lines):
+                continue
+            if kept:
+                write_atomic(path, "".join(kept))
+            else:  # MLflow reads an empty metric file as malformed
+                path.unlink()
 
 
 def save_before_requeue() -> None:
