@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from provenance import provenance
+from workers import Worker
 
 TRL_PINS = (["torch==2.13.0"], ["trl==1.16.0", "datasets", "transformers<5.20"])
 RACE = "RACE "  # worker lines that carry a result; everything else is the worker's own logging
@@ -252,34 +253,6 @@ def ensure_trl_venv(venv: Path) -> Path:
     return python
 
 
-class Worker:
-    def __init__(self, name: str, command: list[str], log: Path) -> None:
-        self.name = name
-        self.log = log.open("w")
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1
-        )
-
-    def step(self) -> dict[str, float]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        for line in self.proc.stdout:
-            if line.startswith(RACE):
-                return json.loads(line[len(RACE) :])
-            self.log.write(line)
-        raise SystemExit(f"the {self.name} worker exited early (rc {self.proc.wait()}); see {self.log.name}")
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
 def _median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
@@ -377,6 +350,7 @@ def main() -> None:
                 "--share-prompt-prefix" if args.share_prompt_prefix else "--no-share-prompt-prefix",
             ],
             work / "ragen2.log",
+            RACE,
         ),
         "trl": Worker(
             "trl",
@@ -388,6 +362,7 @@ def main() -> None:
                 f"--model-path={resolve_model_path(args.model)}",
             ],
             work / "trl.log",
+            RACE,
         ),
     }
     rows: dict[str, list[dict[str, float]]] = {"ragen2": [], "trl": []}

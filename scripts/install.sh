@@ -67,9 +67,9 @@ if [ "$device" = cpu ]; then
   if python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
     echo "warning: torch $(python -c 'import torch; print(torch.__version__)') is a CUDA build on a CPU machine (several GB unused). Fix: RAGEN2_TORCH_SPEC='torch==2.13.0+cpu' with PyTorch's CPU index reachable" >&2
   fi
-  pip install -q -e ".[dev,dense,mlflow,reasoning-gym]" "$torch_spec" "transformers>=5.16,<5.20"
+  pip install -q -e ".[dev,dense,mlflow,reasoning-gym,trl]" "$torch_spec" "transformers>=5.16,<5.20"
 else
-  pip install -q -e ".[dev,dense,mlflow,reasoning-gym]"
+  pip install -q -e ".[dev,dense,mlflow,reasoning-gym,trl]"
 fi
 case "$vllm_build" in
   cpu)

@@ -17,6 +17,7 @@ PROGRAMS = [
     "ragen2-eval",
     "ragen2-diagnose",
     "ragen2-export",
+    "ragen2-export-rollouts",
     "ragen2-aggregate",
     "ragen2-warmstart",
 ]
@@ -40,7 +41,7 @@ def test_version_is_ragen2s(program: str, tmp_path: Path) -> None:
 def test_every_help_reads_the_same_way(program: str, optimize: str, tmp_path: Path) -> None:
     # what it does, Usage:, Examples:, in plain text (no ``code`` markup of docstrings); -OO strips docstrings,
     # which no help is built from
-    module = "ragen2." + program.removeprefix("ragen2-")
+    module = "ragen2." + program.removeprefix("ragen2-").replace("-", "_")
     done = _run([sys.executable, *filter(None, [optimize]), "-m", module, "--help"], tmp_path)
     assert done.returncode == 0, done.stderr
     text = done.stdout
@@ -96,8 +97,9 @@ def test_bad_input_is_one_line_in_every_program(program: str, tmp_path: Path) ->
         ),
         "ragen2-diagnose": (
             [f"rollouts={not_json}", run_dir],
-            f"rollouts={not_json}: line 1 is not JSON (Expecting value). Fix: rollouts=<run>/rollouts.rank0.jsonl "
-            "(written with rollout.save_jsonl=true)",
+            f"rollouts={not_json}: line 1 is not JSON (Expecting value). Fix: rollouts=<a ragen2 "
+            "rollouts.rank<r>.jsonl, an OpenAI chat messages JSONL, TRL's completions/ folder or verl's "
+            "{step}.jsonl dump>, and format=<ragen2|messages|trl|verl> where it cannot be told",
         ),
         "ragen2-export": (
             [str(tmp_path / "last.ckpt"), str(taken / "exported")],

@@ -184,14 +184,6 @@ def check_top_level(cfg: DictConfig, config_name: str = "train") -> None:
 MAX_SEED = 2**32 - 1
 
 
-def mlflow_missing(key: str) -> str:
-    """The one line for an MLflow logger (``key``) without the mlflow package."""
-    return (
-        f"{key} logs to MLflow, which is not installed. Fix: pip install 'ragen2[mlflow]' "
-        "(from a checkout: pip install -e '.[mlflow]'), or logger=default"
-    )
-
-
 def _check_run_keys(cfg: DictConfig) -> None:
     """The top-level keys, named as the user sets them (Lightning would name ``max_epochs``, the env
     ``env.max_turns``)."""
@@ -210,6 +202,8 @@ def _check_run_keys(cfg: DictConfig) -> None:
     for name, node in (cfg.get("logger") or {}).items():
         target = str(node.get("_target_", "")) if isinstance(node, DictConfig) else ""
         if target.endswith("MLFlowLogger") and importlib.util.find_spec("mlflow") is None:
+            from ragen2.loggers import mlflow_missing  # Lightning's loggers load only where a run has one
+
             raise ConfigError(mlflow_missing(f"logger.{name}"))
         if isinstance(node, DictConfig) and "flush_logs_every_n_steps" in node:
             key, every = f"logger.{name}.flush_logs_every_n_steps", node.flush_logs_every_n_steps

@@ -3,10 +3,13 @@
     ragen2-diagnose                                                  # built-in model, FrozenLake, N = 8 × K = 4
     ragen2-diagnose model.name_or_path=<hf name or folder> env=sokoban num_seeds=16 samples=8
     ragen2-diagnose rollouts=<run>/rollouts.rank0.jsonl [checkpoint=<run>/checkpoints/last.ckpt] [iteration=3]
+    ragen2-diagnose rollouts=<trl output_dir>/completions model.name_or_path=<the model TRL trained>
 
-First turns of N held-out instance seeds × K samples (or the first turns of one iteration of a saved-rollouts
-JSONL) are cross-scored under the model and written up by ``ragen2.diagnostics.report``: metrics.json,
-heatmap.png, quadrant.png, ranks.png, rows.jsonl and index.md in ``output`` (default: the Hydra run folder).
+First turns of N held-out instance seeds × K samples (or the first turns of one step of saved rollouts: ragen2's,
+an OpenAI chat messages JSONL, TRL's completions parquet files, verl's rollout dump; ``ragen2.diagnostics.readers``)
+are cross-scored under the model and written up by ``ragen2.diagnostics.report``: metrics.json, heatmap.png,
+quadrant.png, ranks.png, rows.jsonl and index.md in ``output`` (default: the Hydra run folder), and with rollouts of
+several steps the curves over them (curves.json, curves.png).
 An ``output`` that cannot be written or holds what is read (the rollouts file, the checkpoint) is refused before
 anything loads (``ragen2.outputs``), and so is one that holds a report, unless ``overwrite=true``.
 """
@@ -32,16 +35,23 @@ from ragen2.run_folder import claim  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
 
-def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
-    """Refuse settings that cannot work before anything loads; returns the quadrant's splits, the saved
-    rollouts' records (none when sampling) and the iteration to read of them."""
+def check(cfg: DictConfig) -> tuple[Any, str | None, int | None]:
+    """Refuse settings that cannot work before anything loads; returns the quadrant's splits, the rollouts'
+    format (None when sampling) and the step (a ragen2 run's iteration) to report on (None: the last)."""
     check_top_level(cfg, "diagnose")
-    from ragen2.diagnostics.report import REPORT_FILES, Splits, chosen_iteration, read_jsonl
+    from ragen2.diagnostics.readers import FORMATS, detect
+    from ragen2.diagnostics.report import CURVE_FILES, REPORT_FILES, Splits, chosen_iteration, read_jsonl
 
     for key, example in (("seed", 0), ("num_seeds", 8), ("samples", 4), ("max_batch_tokens", 512)):
         check_type(key, cfg[key], int, example)
     check_type("iteration", cfg.iteration, int | None, 0)
     check_type("overwrite", cfg.overwrite, bool, False)
+    check_type("curves", cfg.curves, bool, True)
+    check_type("format", cfg.format, str, "auto")
+    if cfg.format not in ("auto", *FORMATS):
+        raise ConfigError(
+            f"format={cfg.format!r} is not a rollouts format. Fix: format=auto, or one of {FORMATS}"
+        )
     if cfg.num_seeds < 2:
         raise ConfigError(
             f"num_seeds={cfg.num_seeds}: MI compares prompts, so it needs at least 2. Fix: num_seeds=8"
@@ -62,30 +72,33 @@ def check(cfg: DictConfig) -> tuple[Any, list[dict[str, Any]], int | None]:
         raise ConfigError(
             f"splits={splits}: {err}. Fix: e.g. splits.mi_fraction=0.1 splits.entropy=0.5"
         ) from None
-    report = Output.report("output", Path(str(cfg.output)), REPORT_FILES)
+    report = Output.report("output", Path(str(cfg.output)), (*REPORT_FILES, *CURVE_FILES))
     check_outside("output", report.path, "folder", {"model.name_or_path": str(cfg.model.name_or_path)})
     check_output(report, {"rollouts": cfg.rollouts, "checkpoint": cfg.checkpoint}, cfg.overwrite)
     if cfg.rollouts is None:
-        return quadrant, [], None
+        return quadrant, None, None
+    fmt = detect(cfg.rollouts) if cfg.format == "auto" else str(cfg.format)
+    if fmt != "ragen2":  # read as it streams, later: a bad row is refused before anything is written
+        return quadrant, fmt, cfg.iteration
     records = read_jsonl(cfg.rollouts)  # the whole file, now: a bad one is refused before the model loads
-    return quadrant, records, chosen_iteration(records, cfg.iteration, cfg.rollouts)
+    return quadrant, fmt, chosen_iteration(records, cfg.iteration, cfg.rollouts)
 
 
 def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     """Diagnose with a composed diagnose config; returns the ``Diagnosis`` (its report is written)."""
     from ragen2.models.checkpoint import read_checkpoint
 
-    splits, records, iteration = check(cfg)
+    splits, fmt, iteration = check(cfg)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     report = Path(str(cfg.output)).expanduser()
     with claim(report.parent, "ragen2-diagnose", cfg):  # one program in the folder at a time; then the record
-        return _diagnose(cfg, splits, records, iteration, state, overrides)
+        return _diagnose(cfg, splits, fmt, iteration, state, overrides)
 
 
 def _diagnose(
     cfg: DictConfig,
     splits: Any,
-    records: list[dict[str, Any]],
+    fmt: str | None,
     iteration: int | None,
     state: dict[str, Any] | None,
     overrides: Sequence[str],
@@ -95,7 +108,7 @@ def _diagnose(
     from ragen2.config import build, with_saved_settings
     from ragen2.data.evaluation import heldout_seeds
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig
-    from ragen2.diagnostics.report import diagnose, rows_from_episodes, rows_from_records, write_report
+    from ragen2.diagnostics.report import diagnose, rows_from_episodes, write_report
     from ragen2.models.checkpoint import load_policy, saved_settings
     from ragen2.models.loading import ModelConfig, load_tokenizer
     from ragen2.models.placement import Placement
@@ -115,10 +128,10 @@ def _diagnose(
         return tokenizer.decode(list(ids), skip_special_tokens=False)  # as the runner decodes
 
     start = time.perf_counter()
-    if iteration is not None:
-        rows = rows_from_records(records, decode, iteration, cfg.num_seeds, cfg.samples)
-        source = f"`{cfg.rollouts}`, iteration {iteration}, first turns"
-        seconds["read"] = time.perf_counter() - start
+    if fmt is not None:
+        with place.autocast():
+            diag = _score_steps(cfg, policy, tokenizer, fmt, iteration, splits, seconds)
+        seconds["read"] = time.perf_counter() - start - seconds["cross-scoring"]
     else:
         env = settings(EnvConfig, OmegaConf.to_container(cfg.env, resolve=True), "env")
         rollout = settings(RolloutConfig, build(cfg.rollout, _convert_="all"), "rollout")
@@ -136,12 +149,12 @@ def _diagnose(
             f"max_new_tokens {rollout.max_new_tokens})"
         )
         seconds["rollout"] = time.perf_counter() - start
-    start = time.perf_counter()
-    with place.autocast():
-        diag = diagnose(policy, rows, splits, max_batch_tokens=cfg.max_batch_tokens)
-    seconds["cross-scoring"] = time.perf_counter() - start
+        start = time.perf_counter()
+        with place.autocast():
+            diag = diagnose(policy, rows, splits, max_batch_tokens=cfg.max_batch_tokens)
+        seconds["cross-scoring"] = time.perf_counter() - start
+        diag.info["source"] = source
     diag.info |= {
-        "source": source,
         "model": model.name_or_path + (f" + {cfg.checkpoint}" if cfg.checkpoint else ""),
         "device": f"{place.device()}, {place.precision}",
         "seconds": seconds,
@@ -154,6 +167,66 @@ def _diagnose(
         f"(chance {m['retrieval_chance']:.3f}), {int(m['rows'])} rows × {int(m['columns'])} prompts"
     )
     log.info("diagnose report: %s", folder / "index.md")
+    return diag
+
+
+def _score_steps(
+    cfg: DictConfig,
+    policy: Any,
+    tokenizer: Any,
+    fmt: str,
+    iteration: int | None,
+    splits: Any,
+    seconds: dict[str, float],
+) -> Any:
+    """The pass over the rollouts' chosen step (``iteration``, else the last), its curve over every step read
+    (``cfg.curves``); one step's rows in memory at a time."""
+    import time
+
+    from ragen2.diagnostics.readers import read_steps
+    from ragen2.diagnostics.report import curve_point, diagnose, reward_picture
+
+    seconds["cross-scoring"] = 0.0
+
+    def score(step: Any) -> Any:
+        prompts = len({row.prompt_ids for row in step.rows})
+        if prompts < 2:
+            raise ConfigError(
+                f"rollouts={cfg.rollouts}, step {step.step}: {len(step.rows)} of {step.read} rows hold a reasoning "
+                f"span (<think>…</think> or reasoning_content) over {prompts} distinct prompt(s): MI compares "
+                "prompts, so it needs 2. Fix: rollouts whose completions carry their reasoning, or more prompts "
+                "(num_seeds)"
+            )
+        start = time.perf_counter()
+        diag = diagnose(policy, step.rows, splits, max_batch_tokens=cfg.max_batch_tokens)
+        seconds["cross-scoring"] += time.perf_counter() - start
+        diag.metrics |= reward_picture(step.rewards)
+        diag.info |= {"step": step.step, "skipped": step.skips.as_dict(), "skipped_rows": step.skips.total}
+        return diag
+
+    vocab = policy.get_input_embeddings().num_embeddings
+    chosen: tuple[Any, Any] | None = None  # the step reported on, and its pass once scored
+    seen: list[int] = []
+    curves: list[dict[str, float]] = []
+    for step in read_steps(cfg.rollouts, tokenizer, fmt, vocab, cfg.num_seeds, cfg.samples):
+        seen.append(step.step)
+        # a step too thin to score (fewer than 2 prompts with a reasoning span) has no point on the curves
+        diag = score(step) if cfg.curves and len({r.prompt_ids for r in step.rows}) >= 2 else None
+        if diag is not None:
+            curves.append(curve_point(step.step, diag))
+        if iteration is None or step.step == iteration:
+            chosen = (step, diag)
+    if chosen is None:
+        raise ConfigError(
+            f"iteration={iteration} is not in rollouts={cfg.rollouts}, which holds steps {sorted(set(seen))}. "
+            f"Fix: iteration={seen[-1]}, or iteration=null for the last"
+        )
+    diag = chosen[1] or score(chosen[0])
+    name = "iteration" if fmt == "ragen2" else "step"
+    diag.info |= {
+        "source": f"`{cfg.rollouts}` ({fmt}), {name} {diag.info['step']}, first turns",
+        "curves": curves,
+    }
     return diag
 
 

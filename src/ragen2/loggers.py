@@ -55,13 +55,20 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from ragen2.config import mlflow_missing
 from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.outputs import write_atomic
 
 # the loggers of this process, for save_before_requeue (a requeued job is killed right after the signal)
 _LIVE: weakref.WeakSet[Logger] = weakref.WeakSet()
+
+
+def mlflow_missing(key: str) -> str:
+    """The one line for an MLflow logger (``key``) without the mlflow package."""
+    return (
+        f"{key} logs to MLflow, which is not installed. Fix: pip install 'ragen2[mlflow]' "
+        "(from a checkout: pip install -e '.[mlflow]'), or logger=default"
+    )
 
 
 def rows_before(rows: Sequence[Mapping[str, str]], step: int) -> list[Mapping[str, str]]:

@@ -185,3 +185,76 @@ def test_an_iteration_the_file_lacks_is_refused_before_anything_loads(tmp_path: 
         match=rf"^iteration=5 is not in rollouts={path}, which holds iterations \[3\]\. Fix: iteration=3",
     ):
         _diagnose(tmp_path, f"rollouts={path}", "iteration=5", "checkpoint=/nonexistent.ckpt")
+
+
+# ---- other trainers' rollouts (ragen2.diagnostics.readers; fixtures from tests/test_readers.py) ----
+
+
+def test_a_trl_run_of_several_steps_gets_the_curves_over_steps(tmp_path: Path) -> None:
+    from test_readers import PROMPTS, SAMPLES, write_trl
+
+    run_dir = tmp_path / "trl"
+    for step in (1, 2, 3):
+        write_trl(run_dir, "copy" if step < 3 else "template", step)
+    diag, out = _diagnose(tmp_path, f"rollouts={run_dir}", "num_seeds=64", "samples=64")
+    assert diag.info["step"] == 3 and diag.info["source"].endswith("(trl), step 3, first turns")
+    assert len(diag.rows) == PROMPTS * SAMPLES and diag.metrics["zero_variance_share"] == pytest.approx(0.5)
+    curves = json.loads((out / "curves.json").read_text())
+    assert [p["step"] for p in curves] == [1, 2, 3] and all(p["rows"] == PROMPTS * SAMPLES for p in curves)
+    assert (out / "curves.png").stat().st_size > 0 and "## Over steps" in (out / "index.md").read_text()
+    assert "## Reward variance" in (out / "index.md").read_text()
+
+    chosen, again = _diagnose(tmp_path / "two", f"rollouts={run_dir}", "iteration=2", "curves=false")
+    assert chosen.info["step"] == 2 and chosen.info["curves"] == [] and not (again / "curves.json").exists()
+    with pytest.raises(
+        ConfigError, match=r"^iteration=7 is not in rollouts=.*, which holds steps \[1, 2, 3\]"
+    ):
+        _diagnose(tmp_path / "seven", f"rollouts={run_dir}", "iteration=7")
+
+
+def test_a_reader_that_finds_no_reasoning_fails_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "export.jsonl"
+    reply = {"role": "assistant", "content": "<answer>ok</answer>"}  # no reasoning span
+    path.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"task {i}"}, reply], "reward": 1.0}) + "\n"
+            for i in range(6)
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"step 0: 0 of 6 rows hold a reasoning span .* over 0 distinct prompt"
+    ):
+        _diagnose(tmp_path, f"rollouts={path}")
+    assert not any((tmp_path / "report").glob("*"))
+
+
+@pytest.mark.parametrize(
+    ("content", "message", "before_loading"),
+    [
+        (
+            '{"question": "q"}\n',
+            r"rollouts={path}: line 1 \(keys \['question'\]\) is in no known format",
+            True,
+        ),
+        (
+            '{"input": "q", "output": "<think>a</think>"}\n{"input": 3}\n',
+            r"rollouts={path}: line 2 lacks input",
+            False,
+        ),
+    ],
+)
+def test_a_bad_foreign_file_is_one_line_and_nothing_is_written(
+    tmp_path: Path, content: str, message: str, before_loading: bool
+) -> None:
+    path = tmp_path / "dump.jsonl"
+    path.write_text(content)
+    # a missing checkpoint: refused for the file first where the file is refused before anything loads
+    extra = ["checkpoint=/nonexistent.ckpt"] if before_loading else []
+    with pytest.raises(ConfigError, match="^" + message.format(path=path)):
+        _diagnose(tmp_path, f"rollouts={path}", *extra)
+    assert not any((tmp_path / "report").glob("*"))
+
+
+def test_format_names_the_reader_when_detection_cannot(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^format='csv' is not a rollouts format"):
+        _diagnose(tmp_path, "format=csv")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ragen2.agent.render import THINK_OPEN, template_fragments
 
 # end_reason of an episode whose env call overran env.step_timeout_s (ragen2.agent.runner)
 ENV_TIMEOUT = "env_timeout"
@@ -109,3 +112,39 @@ class Episode:
                 for t in self.turns
             ],
         }
+
+
+_USER = "\x00USER\x00"
+
+
+def record_messages(record: Mapping[str, Any], tokenizer: Any) -> list[dict[str, str]]:
+    """A saved episode's conversation as OpenAI chat messages (what other tools read), recovered from its
+    token ids: the system prompt, then each turn's user message (the text its prompt ids add to the
+    context, inside the template's user-turn wrapper; ``template_fragments``) and the assistant's reply
+    (the forced ``<think>`` and the sampled text, special tokens left out). Where the ids do not decode to
+    the wrapper (a tokenizer that does not round-trip), the turn's env text stands in for the user message.
+    """
+
+    def decode(ids: Sequence[int], special: bool = False) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=not special)
+
+    system = str(record["system_prompt"])
+    f = template_fragments(tokenizer, system)
+    head = [{"role": "system", "content": system}, {"role": "user", "content": _USER}]
+    first_prefix, first_suffix = tokenizer.apply_chat_template(
+        head, tokenize=False, add_generation_prompt=True
+    ).split(_USER)
+    messages = [{"role": "system", "content": system}]
+    context = 0  # ids of the context before this turn's new user text
+    for n, turn in enumerate(record["turns"]):
+        added = decode(turn["prompt_ids"][context:], special=True)
+        prefix, suffix = (first_prefix, first_suffix) if n == 0 else (f.user_prefix, f.user_suffix)
+        start, end = added.find(prefix), len(added) - len(suffix + THINK_OPEN)
+        fits = start >= 0 and added.endswith(suffix + THINK_OPEN) and start + len(prefix) <= end
+        user = added[start + len(prefix) : end] if fits else str(turn["observation"])
+        messages += [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": THINK_OPEN + decode(turn["sampled_ids"])},
+        ]
+        context = len(turn["prompt_ids"]) + len(turn["sampled_ids"])
+    return messages

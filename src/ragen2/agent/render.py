@@ -94,6 +94,20 @@ def check_chat_template(tokenizer: Any) -> None:
     template_fragments(tokenizer, "You are an agent.")
 
 
+def thinking_ids(tokenizer: Any, text: str) -> list[int]:
+    """The ids of a rendered prompt ``text`` through the forced ``<think>`` (not doubled where the template
+    already opens it, as some reasoning models' generation prompts do)."""
+    forced = text if text.rstrip().endswith(THINK_OPEN) else text + THINK_OPEN
+    return list(tokenizer.encode(forced, add_special_tokens=False))
+
+
+def turn_one_ids(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Turn 1's prompt ids (X): ``messages`` through the chat template with its generation prompt, then the
+    forced ``<think>``. Other trainers' rollouts are read with it too (``ragen2.diagnostics.readers``)."""
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    return thinking_ids(tokenizer, text)
+
+
 class ChatRenderer:
     """Turns env text into prompt ids for one episode's turns."""
 
@@ -115,8 +129,7 @@ class ChatRenderer:
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": user_text},
         ]
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self._encode(text + THINK_OPEN)
+        return turn_one_ids(self.tokenizer, messages)
 
     def next_prompt(self, prompt_ids: Sequence[int], sampled_ids: Sequence[int], user_text: str) -> list[int]:
         ended_with_eos = len(sampled_ids) > 0 and sampled_ids[-1] == self.tokenizer.eos_token_id

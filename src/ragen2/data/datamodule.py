@@ -148,7 +148,7 @@ class RolloutDataModule(L.LightningDataModule):
         ranks = Ranks.current() if self.trainer is not None else Ranks()
         if self.log is None and self.rollout_cfg.save_jsonl:
             root = Path(self.output_dir or (self.trainer.default_root_dir if self.trainer else "."))
-            self.log = RolloutLog(root / f"rollouts.rank{ranks.rank}.jsonl")
+            self.log = RolloutLog(root / f"rollouts.rank{ranks.rank}.jsonl", self.tokenizer)
         with self._sampling() as device:
             return collect_iteration(iteration, self.plan(), self.collect, ranks, device, self.log)
 

@@ -1,7 +1,9 @@
 """``rollouts.rank<r>.jsonl`` (``rollout.save_jsonl``): every episode a rank sampled, one JSON record a line.
 
 Each record is the episode's own (``Episode.to_record``) with its iteration, its round (DAPO's dynamic
-sampling rolls out several) and whether the update trains on it (``kept``). A resumed (requeued) run redoes
+sampling rolls out several), whether the update trains on it (``kept``) and, given the tokenizer, the
+trajectory as OpenAI chat ``messages`` (``record_messages``: what other tools read; the token ids stay the
+record's own, what ragen2 scores). A resumed (requeued) run redoes
 the iteration it was cut off in: the first write of a run drops the records of that iteration and later
 ones, so that each iteration is in the file once.
 """
@@ -11,8 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ragen2.agent.episode import Episode
+from ragen2.agent.episode import Episode, record_messages
 
 __all__ = ["RolloutLog"]
 
@@ -20,8 +23,9 @@ __all__ = ["RolloutLog"]
 class RolloutLog:
     """Appends each iteration's sampled episodes to one rank's JSONL file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tokenizer: Any = None) -> None:
         self.path = path
+        self.tokenizer = tokenizer  # None: records without their chat messages
         self._trimmed = False  # the file cut back to before this run's first iteration
 
     def write(
@@ -39,4 +43,6 @@ class RolloutLog:
             for r, (episodes, kept) in enumerate(zip(rounds, trained, strict=True)):
                 for ep, k in zip(episodes, kept, strict=True):
                     record = {"iteration": iteration, "round": r, "kept": k, **ep.to_record()}
+                    if self.tokenizer is not None:
+                        record["messages"] = record_messages(record, self.tokenizer)
                     f.write(json.dumps(record) + "\n")

@@ -5,12 +5,15 @@
   answers turn 1 only, so X is exactly the prompt training sees) or from a run's saved rollouts
   (``rows_from_jsonl``: the records ``rollout.save_jsonl=true`` writes; Z is re-extracted from the
   sampled ids with the tokenizer, as the runner does). A file that is not such records is one line
-  naming the line; a last line cut by a killed run is dropped with a warning.
+  naming the line; a last line cut by a killed run is dropped with a warning. Other trainers' rollouts
+  (TRL, verl, OpenAI chat messages) come through ``ragen2.diagnostics.readers``, with their rewards.
 - ``diagnose`` cross-scores them (``cross_score``) and computes the MI family (``mi_metrics``, whose
   ``cond_entropy`` is H(Z|X)), the true prompt's retrieval rank per row, and the rows that score at least
   as well under another prompt than under their own.
 - ``write_report`` writes ``metrics.json``, ``heatmap.png``, ``quadrant.png``, ``ranks.png``,
-  ``rows.jsonl`` and an ``index.md`` that shows them.
+  ``rows.jsonl`` and an ``index.md`` that shows them; with rows of several steps, also the curves over
+  them (``curve_point`` each: ``curves.json``, ``curves.png``). Where the rows carry rewards, the index
+  shows the reward-variance picture (``reward_picture``: the share of zero-variance groups).
 
 The quadrant (docs/method.md §1): H(Z|X) says whether the reasoning is diverse within one input, I(X;Z)
 whether it depends on the input. The four regions are the paper's regimes (``ragen2.diagnostics.regimes``,
@@ -25,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,7 @@ class Row:
     sample: int  # index within its group
     observation: str  # the env state shown in X (labels the prompt)
     reasoning: str  # Z decoded
+    reward: float | None = None  # the trajectory's outcome, where the source records one (reward variance)
 
 
 @dataclass(frozen=True)
@@ -109,35 +113,42 @@ _WRITTEN_BY = "Fix: rollouts=<run>/rollouts.rank0.jsonl (written with rollout.sa
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``rollouts.rank<r>.jsonl`` file; a ``ConfigError`` naming the line for anything else.
+    """The records of a ``rollouts.rank<r>.jsonl`` file (``iter_records``); a ``ConfigError`` for an empty one."""
+    records = list(iter_records(path))
+    if not records:
+        raise ConfigError(
+            f"rollouts={path} holds no records. {_WRITTEN_BY}, from a run that finished an iteration"
+        )
+    return records
+
+
+def iter_records(path: str | Path, warn: bool = True) -> Iterator[dict[str, Any]]:
+    """The records of a ``rollouts.rank<r>.jsonl`` file as it is read; a ``ConfigError`` naming the line for
+    anything else.
 
     A last line without its newline that is not JSON was cut by a run killed while writing it: it is dropped
-    with a warning naming the file and the line, and the whole lines before it are returned."""
+    (with a warning naming the file and the line, when ``warn``) after the whole lines before it."""
     where = f"rollouts={path}"
     if not Path(path).is_file():
         raise ConfigError(f"{where} is not a file. {_WRITTEN_BY}, or leave it null to sample")
-    text = Path(path).read_text(errors="replace")
-    lines = text.splitlines()
-    records = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if n == len(lines) and not text.endswith("\n"):
-                log.warning(
-                    "%s: line %d is cut short (a run stopped while writing it); diagnosing the whole lines "
-                    "before it",
-                    where,
-                    n,
-                )
-                break
-            raise ConfigError(f"{where}: line {n} is not JSON ({err.msg}). {_WRITTEN_BY}") from None
-        records.append(_checked(record, f"{where}: line {n}"))
-    if not records:
-        raise ConfigError(f"{where} holds no records. {_WRITTEN_BY}, from a run that finished an iteration")
-    return records
+    with Path(path).open(errors="replace") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                if not line.endswith("\n"):  # only the last line lacks its newline
+                    if warn:
+                        log.warning(
+                            "%s: line %d is cut short (a run stopped while writing it); diagnosing the whole "
+                            "lines before it",
+                            where,
+                            n,
+                        )
+                    return
+                raise ConfigError(f"{where}: line {n} is not JSON ({err.msg}). {_WRITTEN_BY}") from None
+            yield _checked(record, f"{where}: line {n}")
 
 
 def _checked(record: Any, where: str) -> dict[str, Any]:
@@ -201,20 +212,38 @@ def rows_from_records(
     rows: list[Row] = []
     taken: dict[tuple[int, ...], int] = {}
     for r in records:
-        if int(r["iteration"]) != iteration or not r["turns"]:
+        row = row_from_record(r, decode) if int(r["iteration"]) == iteration else None
+        if row is None:
             continue
-        turn = r["turns"][0]
-        z = reasoning_ids(turn["sampled_ids"], decode)
-        if not z:
-            continue
-        x = tuple(turn["prompt_ids"])
+        x = row.prompt_ids
         if x not in taken and num_prompts is not None and len(taken) >= num_prompts:
             continue
         if samples is not None and taken.get(x, 0) >= samples:
             continue
         taken[x] = taken.get(x, 0) + 1
-        rows.append(Row(x, tuple(z), int(r["seed"]), int(r.get("sample", 0)), turn["observation"], decode(z)))
+        rows.append(row)
     return rows
+
+
+def row_from_record(record: dict[str, Any], decode: Callable[[Sequence[int]], str]) -> Row | None:
+    """A saved episode's turn-1 row (Z re-extracted from the sampled ids, as the runner extracts it), or None
+    when it has no turn or its Z is missing or empty."""
+    if not record["turns"]:
+        return None
+    turn = record["turns"][0]
+    z = reasoning_ids(turn["sampled_ids"], decode)
+    if not z:
+        return None
+    reward = record.get("return")
+    return Row(
+        tuple(turn["prompt_ids"]),
+        tuple(z),
+        int(record["seed"]),
+        int(record.get("sample", 0)),
+        turn["observation"],
+        decode(z),
+        None if reward is None else float(reward),
+    )
 
 
 def diagnose(model: Any, rows: Sequence[Row], splits: Splits = Splits(), **score_kwargs: Any) -> Diagnosis:
@@ -249,6 +278,43 @@ def diagnose(model: Any, rows: Sequence[Row], splits: Splits = Splits(), **score
     diag.info["region"] = regime.label
     diag.info["splits"] = asdict(splits)
     return diag
+
+
+def reward_picture(rewards: Mapping[int, Sequence[float]]) -> dict[str, float]:
+    """The reward-variance picture of one step's groups (group -> the rewards of every row read): the mean
+    reward and the share of groups of ≥ 2 rows whose rewards are all equal (zero variance: no GRPO
+    advantage, what the reward-variance filter drops)."""
+    values = [r for group in rewards.values() for r in group]
+    sized = [group for group in rewards.values() if len(group) >= 2]
+    if not values:
+        return {}
+    flat = sum(1 for group in sized if max(group) == min(group))
+    return {
+        "reward_mean": sum(values) / len(values),
+        "reward_groups": float(len(sized)),
+        "zero_variance_share": flat / len(sized) if sized else math.nan,
+    }
+
+
+#: what a curve point holds of each step's pass (besides its step and row counts)
+CURVE_KEYS = (
+    "mi_est",
+    "mi_fraction",
+    "cond_entropy",
+    "retrieval_acc",
+    "retrieval_chance",
+    "zero_variance_share",
+)
+
+
+def curve_point(step: int, diag: Diagnosis) -> dict[str, float]:
+    """One step's point on the curves over steps: the MI family and the reward picture of its pass."""
+    point = {
+        "step": float(step),
+        "rows": diag.metrics["rows"],
+        "skipped": float(diag.info.get("skipped_rows", 0)),
+    }
+    return point | {k: diag.metrics[k] for k in CURVE_KEYS if k in diag.metrics}
 
 
 def misretrieved(diag: Diagnosis, limit: int = 10) -> list[dict[str, Any]]:
@@ -388,6 +454,35 @@ SHOWN = (
 )
 
 
+def _source_lines(diag: Diagnosis) -> list[str]:
+    """What the index says of the rows skipped, the rewards and the curves over steps, where there are any."""
+    m, info, lines = diag.metrics, diag.info, []
+    skipped = info.get("skipped", {})
+    if sum(skipped.values()):
+        why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in skipped.items() if n)
+        lines += [f"Rows read but not scored: {sum(skipped.values())} ({why}).", ""]
+    if "reward_mean" in m:
+        lines += [
+            "## Reward variance",
+            "",
+            f"Mean reward {m['reward_mean']:.4f}; {m['zero_variance_share']:.1%} of {int(m['reward_groups'])} "
+            "groups have the same reward on every row (zero variance: no advantage, what the reward-variance "
+            "filter drops). Over every row read, scored or not.",
+            "",
+        ]
+    if len(info.get("curves", ())) >= 2:
+        lines += [
+            "## Over steps",
+            "",
+            f"The MI family of each of {len(info['curves'])} steps (this report's other sections: step "
+            f"{info.get('step')}). Points: `curves.json`.",
+            "",
+            "![curves](curves.png)",
+            "",
+        ]
+    return lines
+
+
 def _index_md(diag: Diagnosis, wrong: list[dict[str, Any]]) -> str:
     m, info = diag.metrics, diag.info
     labels = _column_labels(diag)
@@ -407,6 +502,7 @@ def _index_md(diag: Diagnosis, wrong: list[dict[str, Any]]) -> str:
         "",
         "All metrics: `metrics.json` (per token; `_seq` per sequence). Rows, scores and ranks: `rows.jsonl`.",
         "",
+        *_source_lines(diag),
         "## The cross-score matrix",
         "",
         "Rows are samples grouped by their own prompt, columns the distinct prompts; × marks the own "
@@ -460,6 +556,8 @@ def _index_md(diag: Diagnosis, wrong: list[dict[str, Any]]) -> str:
 
 #: the files of a report folder, in the order ``write_report`` writes them
 REPORT_FILES = ("metrics.json", "rows.jsonl", "heatmap.png", "quadrant.png", "ranks.png", "index.md")
+#: written beside them when the rows span several steps
+CURVE_FILES = ("curves.json", "curves.png")
 
 
 def save_png(fig: Any, path: Path) -> None:
@@ -500,5 +598,44 @@ def write_report(diag: Diagnosis, folder: str | Path, limit: int = 10) -> Path:
     )
     write_atomic(folder / "rows.jsonl", "".join(json.dumps(item) + "\n" for item in items))
     _plots(diag, folder)
+    curves = diag.info.get("curves", [])
+    if len(curves) >= 2:
+        write_atomic(folder / "curves.json", json.dumps(curves, indent=2) + "\n")
+        _curves_plot(curves, folder / "curves.png")
+    else:
+        for name in CURVE_FILES:  # an earlier report's curves would read as this one's
+            (folder / name).unlink(missing_ok=True)
     write_atomic(folder / "index.md", _index_md(diag, wrong))
     return folder
+
+
+def _curves_plot(curves: Sequence[Mapping[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [p["step"] for p in curves]
+    panels = [
+        ("mi_fraction", "I(X;Z) / log C"),
+        ("retrieval_acc", "retrieval (rank 1)"),
+        ("cond_entropy", "H(Z|X), nats/token"),
+        ("zero_variance_share", "zero-variance groups"),
+    ]
+    panels = [(k, label) for k, label in panels if any(k in p for p in curves)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        ax.plot(steps, [p.get(key, math.nan) for p in curves], marker="o", color="steelblue")
+        if key == "retrieval_acc":
+            ax.plot(
+                steps,
+                [p.get("retrieval_chance", math.nan) for p in curves],
+                "--",
+                color="crimson",
+                label="chance",
+            )
+            ax.legend(fontsize=7)
+        ax.set(xlabel="step", title=label)
+    fig.tight_layout()
+    save_png(fig, path)
+    plt.close(fig)
