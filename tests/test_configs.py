@@ -42,6 +42,7 @@ def test_group_option_composes_and_instantiates(
         "logger=mlflow": "mlflow",
         "env=reasoning_gym": "reasoning_gym",
         "env=gem": "gem",
+        "env=openenv": "openenv",
     }.get(override)
     if extra:
         pytest.importorskip(extra, reason=f"{extra} is not installed")

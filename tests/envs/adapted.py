@@ -50,6 +50,12 @@ ADAPTED: dict[str, Adapted] = {
             "pip install 'ragen2[reasoning-gym]'",
         ),
         Adapted("gem", "ragen2_envs.gem:ragen2/GEM-v0", "gem", "pip install --no-deps gem-llm==0.1.0"),
+        Adapted(
+            "openenv",
+            "ragen2_envs.openenv:ragen2/OpenEnv-v0",
+            "openenv",
+            "pip install --no-deps openenv-core==0.3.0 && pip install fastmcp==4.2.3",
+        ),
     )
 }
 
