@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
 # README command 2: install, then run every test except the gpu-marked ones (slow ones included): first the
 # fast stage (lint, format, types), then the suite.
-# Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow and not gpu" for the quick loop.
+# Extra arguments go to pytest, e.g. scripts/test.sh tests/unit -x.
+# --fast (first argument) is the quick loop while developing: the tests marked neither slow nor gpu, in the
+# virtualenv as it is when one is there (no install, no apt, no lint stage); arguments after it are added.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+venv="${RAGEN2_VENV:-.venv}"
+fast=false
+if [ "${1:-}" = --fast ]; then
+  fast=true
+  shift
+fi
+if $fast && "$venv/bin/python" -c "import ragen2, ragen2_envs, pytest, xdist" 2>/dev/null; then
+  echo "--fast: using the virtualenv in $venv as it is (scripts/install.sh brings it up to date)"
+else
+  bash scripts/install.sh
+fi
 # a real SLURM cluster on localhost for the launcher tests, bubblewrap for the DeepCoder sandbox
 # (root with apt only; their tests skip elsewhere, the sandbox's falling back to `unshare`)
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v slurmctld && command -v bwrap; } >/dev/null; then
+if ! $fast && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v slurmctld && command -v bwrap; } >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm bubblewrap >/dev/null
 fi
 # shellcheck disable=SC1091
-. "${RAGEN2_VENV:-.venv}/bin/activate"
+. "$venv/bin/activate"
 args=("$@")
-if [ ${#args[@]} -eq 0 ]; then
+if $fast; then
+  echo "the quick loop: every test marked neither slow nor gpu"
+  args=(-m "not slow and not gpu" "$@")
+elif [ ${#args[@]} -eq 0 ]; then
   # the fast first stage: lint, format and the type check fail within a minute or two, before the suite
   echo "stage 1: ruff check, ruff format --check, the type check"
   ruff check src envs tests bench docs && ruff format --check src envs tests bench && python -m pytest -q -p no:cacheprovider tests/test_types.py || exit 1

@@ -27,6 +27,7 @@ import ragen2_envs
 from envs.adapted import ADAPTED, hide, train_one_iteration
 from envs.adapter_checks import ENV_CONTRACT, check_config_contract, collect
 from ragen2.config import compose
+from ragen2.data.metrics import rollout_metrics
 from ragen2.train import run
 
 ADAPTER = ADAPTED["openenv"]
@@ -193,6 +194,7 @@ def test_a_server_that_stops_answering_or_dies_ends_the_episode_not_the_run(
     assert [ep.success for ep in episodes] == [False] * 4
     assert all(ep.end_reason == "env_truncated" and ep.episode_return == 0.0 for ep in episodes)
     assert server_errors[url] == 7
+    assert rollout_metrics(episodes)["env_errors"] == 4.0  # rollout/env_errors: each such episode, counted
 
 
 def test_a_url_where_no_server_answers_is_one_line_at_start_up(tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ from ragen2.agent.render import THINK_OPEN, template_fragments
 
 # end_reason of an episode whose env call overran env.step_timeout_s (ragen2.agent.runner)
 ENV_TIMEOUT = "env_timeout"
+# the info key of an env that ended its episode on a failure of its own side (a remote server that stopped
+# answering: ragen2_envs.openenv), counted in rollout/env_errors
+ENV_ERROR = "env_error"
 
 
 @dataclass

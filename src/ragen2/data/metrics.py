@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from ragen2.agent.episode import Episode
+from ragen2.agent.episode import ENV_ERROR, Episode
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -33,6 +33,8 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "context_truncation_rate": _mean([float(ep.end_reason == "context") for ep in episodes]),
         # a count, not a rate: any hung env call is worth seeing (ragen2.agent.runner, env.step_timeout_s)
         "env_timeouts": float(sum(ep.end_reason == "env_timeout" for ep in episodes)),
+        # episodes an env ended on a failure of its own side (a remote server that died), ``info["env_error"]``
+        "env_errors": float(sum(any(ENV_ERROR in i for t in ep.turns for i in t.infos) for ep in episodes)),
         "format_penalty": _mean([sum(t.penalty for t in ep.turns) for ep in episodes]),
         "sequence_length": _mean([len(ep.token_ids) for ep in episodes]),
         **_token_entropy(episodes),
