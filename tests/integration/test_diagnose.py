@@ -200,7 +200,9 @@ def test_a_trl_run_of_several_steps_gets_the_curves_over_steps(tmp_path: Path) -
     assert diag.info["step"] == 3 and diag.info["source"].endswith("(trl), step 3, first turns")
     assert len(diag.rows) == PROMPTS * SAMPLES and diag.metrics["zero_variance_share"] == pytest.approx(0.5)
     curves = json.loads((out / "curves.json").read_text())
-    assert [p["step"] for p in curves] == [1, 2, 3] and all(p["rows"] == PROMPTS * SAMPLES for p in curves)
+    assert [p["step"] for p in curves] == [1, 2, 3] and all(
+        p["rows"] == PROMPTS * SAMPLES and "contrast" in p for p in curves
+    )
     assert (out / "curves.png").stat().st_size > 0 and "## Over steps" in (out / "index.md").read_text()
     assert "## Reward variance" in (out / "index.md").read_text()
 

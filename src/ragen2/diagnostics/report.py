@@ -300,6 +300,7 @@ def reward_picture(rewards: Mapping[int, Sequence[float]]) -> dict[str, float]:
 CURVE_KEYS = (
     "mi_est",
     "mi_fraction",
+    "contrast",  # matched minus mean mismatched log-likelihood: no ceiling, unlike the MI estimate
     "cond_entropy",
     "retrieval_acc",
     "retrieval_chance",
@@ -618,6 +619,7 @@ def _curves_plot(curves: Sequence[Mapping[str, float]], path: Path) -> None:
     steps = [p["step"] for p in curves]
     panels = [
         ("mi_fraction", "I(X;Z) / log C"),
+        ("contrast", "contrast, nats/token"),
         ("retrieval_acc", "retrieval (rank 1)"),
         ("cond_entropy", "H(Z|X), nats/token"),
         ("zero_variance_share", "zero-variance groups"),
