@@ -15,10 +15,11 @@ the constructor.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,6 +63,22 @@ class OneOf:
 
     def problem(self, value: Any) -> str | None:
         return None if value in self.choices else f"is not one of {', '.join(map(str, self.choices))}"
+
+
+@dataclass(frozen=True, eq=False)
+class Named:
+    """A name in another package's registry (``names``), else the closest one and ``hint`` (where to look)."""
+
+    names: Collection[str]
+    what: str  # "a GEM environment"
+    hint: str
+
+    def problem(self, value: Any) -> str | None:
+        if value in self.names:
+            return None
+        close = difflib.get_close_matches(str(value), list(self.names), n=1)
+        meant = f"did you mean {close[0]}? " if close else ""
+        return f"is not {self.what} ({meant}{self.hint})"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import importlib
 import logging
 import random
@@ -36,7 +35,7 @@ import numpy as np
 
 from ragen2_envs.adapters import AnyText, bounded, finite, require
 from ragen2_envs.base import TextEnv
-from ragen2_envs.options import Range
+from ragen2_envs.options import Named, Range
 
 #: the id as conf/env/gem.yaml names it (importing ragen2_envs.gem registers it)
 ENV_ID = "ragen2_envs.gem:ragen2/GEM-v0"
@@ -78,19 +77,10 @@ ORACLES: Mapping[str, Callable[[Any], str]] = {
 }
 
 
-@dataclass(frozen=True)
-class GemId:
-    """An id in GEM's registry."""
-
-    def problem(self, value: Any) -> str | None:
-        if value in REGISTRY:
-            return None
-        close = difflib.get_close_matches(str(value), list(REGISTRY), n=1)
-        meant = f"did you mean {close[0]}? " if close else ""
-        return (
-            f"is not a GEM environment ({meant}offline ones: {', '.join(OFFLINE[:4])}; "
-            "gem.print_envs() lists all)"
-        )
+#: an id in GEM's registry
+GEM_ID = Named(
+    REGISTRY, "a GEM environment", f"offline ones: {', '.join(OFFLINE[:4])}; gem.print_envs() lists all"
+)
 
 
 @dataclass
@@ -131,7 +121,7 @@ class GemEnv(TextEnv):
 
     def __init__(
         self,
-        gem_id: Annotated[str, GemId()] = "game:GuessTheNumber-v0-easy",
+        gem_id: Annotated[str, GEM_ID] = "game:GuessTheNumber-v0-easy",
         gem_kwargs: dict[str, Any] | None = None,
         success_return: Annotated[float, Range(0.0, low_open=True)] = 1.0,
         render_mode: str | None = "ansi",

@@ -14,16 +14,14 @@ sympy, whose time grows with the text).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.adapters import AnyText, bounded, finite, require
 from ragen2_envs.base import TextEnv
-from ragen2_envs.options import Range
+from ragen2_envs.options import Named, Range
 
 #: the id as conf/env/reasoning_gym.yaml names it (importing ragen2_envs.reasoning_gym registers it)
 ENV_ID = "ragen2_envs.reasoning_gym:ragen2/ReasoningGym-v0"
@@ -33,19 +31,13 @@ reasoning_gym = require(
 TASKS: Mapping[str, Any] = reasoning_gym.factory.DATASETS
 
 
-@dataclass(frozen=True)
-class Task:
-    """The name of one of reasoning-gym's tasks."""
-
-    def problem(self, value: Any) -> str | None:
-        if value in TASKS:
-            return None
-        close = difflib.get_close_matches(str(value), list(TASKS), n=1)
-        meant = f"did you mean {close[0]}? " if close else ""
-        return (
-            f"is not a reasoning-gym task ({meant}{len(TASKS)} tasks, e.g. basic_arithmetic, leg_counting, "
-            "chain_sum, countdown, sudoku; reasoning_gym.factory.DATASETS lists them all)"
-        )
+#: the name of one of reasoning-gym's tasks
+TASK = Named(
+    TASKS,
+    "a reasoning-gym task",
+    f"{len(TASKS)} tasks, e.g. basic_arithmetic, leg_counting, chain_sum, countdown, sudoku; "
+    "reasoning_gym.factory.DATASETS lists them all",
+)
 
 
 @functools.cache
@@ -66,7 +58,7 @@ class ReasoningGymEnv(TextEnv):
 
     def __init__(
         self,
-        task: Annotated[str, Task()] = "basic_arithmetic",
+        task: Annotated[str, TASK] = "basic_arithmetic",
         task_config: dict[str, Any] | None = None,
         size: Annotated[int, Range(1)] = 10_000,
         dataset_seed: Annotated[int, Range(0)] = 0,
