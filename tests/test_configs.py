@@ -43,6 +43,7 @@ def test_group_option_composes_and_instantiates(
         "env=reasoning_gym": "reasoning_gym",
         "env=gem": "gem",
         "env=openenv": "openenv",
+        "env=verifiers": "verifiers",
     }.get(override)
     if extra:
         pytest.importorskip(extra, reason=f"{extra} is not installed")

@@ -56,6 +56,13 @@ ADAPTED: dict[str, Adapted] = {
             "openenv",
             "pip install --no-deps openenv-core==0.3.0 && pip install fastmcp==4.2.3",
         ),
+        Adapted(
+            "verifiers",
+            "ragen2_envs.verifiers:ragen2/Verifiers-v0",
+            "verifiers",
+            "pip install prime-sandboxes==0.5.1 math-verify==0.9.0 tomli-w==1.2.0 && pip install --no-deps "
+            "verifiers==0.4.0 prime-pydantic-config==0.4.3 renderers==0.1.12",
+        ),
     )
 }
 

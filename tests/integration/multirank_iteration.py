@@ -1,6 +1,6 @@
 """One iteration's rollouts (``collect_iteration``) on this process's rank; launched by test_multirank_iteration.py.
 
-    python tests/integration/multirank_iteration.py <out.pt>     (RANK, WORLD_SIZE and the rendezvous set)
+    python tests/integration/multirank_iteration.py <out.pt> [override …]   (RANK, WORLD_SIZE and the rendezvous set)
 
 Scripted responses through the real FrozenLake env and the tiny model's tokenizer; each group is rolled out
 with a sampler seed of its own instance seed, so a group's episodes are the same whichever rank holds it.
@@ -24,8 +24,9 @@ from ragen2.data import DynamicSampling, collect_iteration
 from ragen2.distributed import Ranks
 
 
-def run(out: str) -> None:
-    data = build(compose(["model=tiny", "rollout=scripted", "rollout.groups=4", "rollout.group_size=4"]).data)
+def run(out: str, overrides: list[str]) -> None:
+    settings = ["model=tiny", "rollout=scripted", "rollout.groups=4", "rollout.group_size=4", *overrides]
+    data = build(compose(settings).data)
     data.setup()
 
     def collect(seeds: list[int], sample_seed: int) -> list[Episode]:
@@ -54,4 +55,4 @@ def run(out: str) -> None:
 if __name__ == "__main__":
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("gloo")
-    run(sys.argv[1])
+    run(sys.argv[1], sys.argv[2:])

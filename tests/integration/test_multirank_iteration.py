@@ -4,14 +4,11 @@ are the whole iteration's; with DAPO's dynamic sampling too."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import rendezvous
+from helpers import launch_ranks
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "multirank_iteration.py"
@@ -19,22 +16,7 @@ UNTIMED = ("time/", "perf/")  # seconds and rates vary run to run
 
 
 def _launch(out: Path, world: int) -> list[dict]:
-    path = os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])
-    with rendezvous() as meet:
-        env = {**os.environ, **meet, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(world)}
-        ranks = [
-            subprocess.Popen(
-                [sys.executable, str(SCRIPT), str(out)],
-                env={**env, "RANK": str(rank)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for rank in range(world)
-        ]
-        done = [(rank.communicate(timeout=400), rank.returncode) for rank in ranks]
-    for (_, err), code in done:
-        assert code == 0, err[-4000:]
+    launch_ranks(SCRIPT, [str(out)], world)
     return [torch.load(f"{out}.rank{rank}", weights_only=False) for rank in range(world)]
 
 

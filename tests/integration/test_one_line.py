@@ -19,7 +19,7 @@ CASES = [
         "an option a group does not have",
         (*TRAIN, "env=nope"),
         "ragen2-train: env=nope is not a config of env. Fix: env=<one of bandit, countdown, deepcoder, frozenlake, "
-        "gem, metamathqa, openenv, reasoning_gym, searchqa, sokoban, sokoban_8x8, twohop, webshop>",
+        "gem, metamathqa, openenv, reasoning_gym, searchqa, sokoban, sokoban_8x8, twohop, verifiers, webshop>",
     ),
     (
         "a key that is not there, without +",

@@ -1,28 +1,37 @@
-"""ragen2 from outside its repository: an environment registered in the user's own package, the user's configs in
-a folder of theirs, and ragen2 installed without -e (docs/extending.md).
+"""ragen2 from outside its repository: an environment registered in the user's own package, a filter strategy and
+score, a loss aggregation and an advantage estimator from another, the user's configs in a folder of theirs, and
+ragen2 installed without -e (docs/extending.md).
 
-The user's package is tests/envs/outside, installed for the session by the ``outside_envs`` fixture (a
-folder on sys.path holding the package and its dist-info, as site-packages would); its env passes the shared
-env contract tests in tests/envs/test_all_envs.py.
+The user's packages are tests/envs/outside, installed for the session by the ``outside_envs`` fixture (a
+folder on sys.path holding the package and its dist-info, as site-packages would; its env passes the shared
+env contract tests in tests/envs/test_all_envs.py), and tests/plugins_outside, installed the same way by
+``outside_plugins``: its ``ragen2.plugins`` entry point names the module that registers its entries.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import OUTSIDE_ENTRY_POINT_ID, OUTSIDE_GYM_ID
+import torch
+from helpers import OUTSIDE_ENTRY_POINT_ID, OUTSIDE_GYM_ID, install, launch_ranks
 
-from ragen2.config import compose, validate
+from ragen2 import plugins
+from ragen2.config import build, compose, validate
 from ragen2.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+#: the user's package of plug points, and the overrides that use every one of them
+PLUGINS = ROOT / "tests" / "plugins_outside"
+USE_PLUGINS = ("filter=outside", "algo/advantage=median", "algo.loss_agg=seq-mean-token-sqrt")
 
 
 def _program(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -157,3 +166,96 @@ def test_an_install_without_editable_mode_composes_the_same_config(tmp_path: Pat
     assert installed.returncode == 0, installed.stderr
     here = _program([str(BIN / "ragen2-train"), "--cfg", "job"], tmp_path)
     assert installed.stdout == here.stdout and "env:\n  id: ragen2/FrozenLake-v0\n" in installed.stdout
+
+
+@pytest.fixture(scope="module")
+def outside_plugins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """tests/plugins_outside installed as a user's package (``helpers.install``), its entries registered:
+    (its site folder, the user's conf folder)."""
+    entry_point = "[ragen2.plugins]\noutside = outside_plugins\n"
+    site, conf = install(PLUGINS, tmp_path_factory.mktemp("plugins"), entry_point)
+    importlib.import_module("ragen2.data.group_filter")  # ragen2's own entries first: they stay
+    tables = (plugins.STRATEGIES, plugins.SCORES, plugins.LOSS_AGGREGATIONS)
+    before = [set(table) for table in tables]
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    plugins.load()  # a program loads the entry points at its first check; this one started before the install
+    added = [set(table) - names for table, names in zip(tables, before)]
+    yield site, conf
+    sys.path.remove(str(site))
+    for table, names in zip(tables, added):
+        for name in names:
+            del table[name]
+    for name in [m for m in sys.modules if m.split(".")[0] == "outside_plugins"]:
+        del sys.modules[name]
+
+
+def test_a_packages_plug_points_are_checked_as_ragen2s_own(
+    outside_plugins: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RAGEN2_CONF", str(outside_plugins[1]))
+    cfg = compose(list(USE_PLUGINS), run_dir=str(tmp_path))
+    validate(cfg)  # the estimator's _target_ imports from the user's package
+    chosen = build(cfg.filter)
+    assert (chosen.score, chosen.strategy, chosen.value) == ("return_range", "bottom_k", 2)
+    build(cfg.algo.policy_loss)  # runs the objective once, through the package's aggregation
+    with pytest.raises(ConfigError, match=r"^filter\.value=1\.5: bottom_k keeps this many groups, .*Fix"):
+        build(compose([*USE_PLUGINS, "filter.value=1.5"], run_dir=str(tmp_path)).filter)
+    with pytest.raises(
+        ConfigError, match=r"^filter\.strategy='bottom_q' is unknown\. Fix: choose one of .*bottom_k"
+    ):
+        build(compose(["filter.strategy=bottom_q"], run_dir=str(tmp_path)).filter)
+    with pytest.raises(
+        ConfigError, match=r"^filter\.score='range' is unknown\. Fix: choose one of .*return_range"
+    ):
+        build(compose(["filter.score=range"], run_dir=str(tmp_path)).filter)
+
+
+def test_a_plugin_module_that_does_not_import_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = tmp_path / "broken-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[ragen2.plugins]\nbroken = no_such_module_of_plugins\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        ConfigError,
+        match=r"^the ragen2\.plugins entry point broken = no_such_module_of_plugins does not import \(.*\)\. "
+        r"Fix: install what its package needs, or uninstall the package that declares it$",
+    ):
+        plugins.load()
+
+
+@pytest.mark.slow
+def test_a_packages_estimator_filter_and_aggregation_train_one_iteration(
+    outside_plugins: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, train
+) -> None:
+    from outside_plugins import CALLS
+
+    monkeypatch.setenv("RAGEN2_CONF", str(outside_plugins[1]))
+    CALLS.clear()
+    metrics, _ = train([*USE_PLUGINS, "iterations=1"])
+    assert set(CALLS) == {"return_range", "bottom_k", "seq-mean-token-sqrt", "median_baseline"}, CALLS
+    assert metrics["filter/kept"] == 2 and metrics["train/optimizer_steps"] >= 1, metrics
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+@pytest.mark.slow  # three processes that import Lightning on 2 cores
+@pytest.mark.timeout(600)
+def test_a_packages_filter_selects_on_two_ranks_as_on_one(
+    outside_plugins: tuple[Path, Path], tmp_path: Path
+) -> None:
+    site, conf = outside_plugins
+    script = ROOT / "tests" / "integration" / "multirank_iteration.py"
+    chosen = {}
+    for world in (1, 2):
+        out = tmp_path / f"{world}.pt"
+        launch_ranks(script, [str(out), "filter=outside"], world, PYTHONPATH=str(site), RAGEN2_CONF=str(conf))
+        ranks = [torch.load(f"{out}.rank{rank}", weights_only=False)["plain"] for rank in range(world)]
+        chosen[world] = {key: torch.cat([r[key] for r in ranks]) for key in ("keep", "scores", "keep_rows")}
+    for key, value in chosen[1].items():
+        assert torch.equal(chosen[2][key], value), key
+    # bottom_k keeps the 2 groups of the lowest non-zero return range, wherever they lie
+    scores, keep = chosen[1]["scores"], chosen[1]["keep"]
+    assert int(keep.sum()) == 2 and scores[keep].max() <= scores[~keep & (scores > 0)].min()

@@ -41,12 +41,11 @@ import functools
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, TypeVar
 
-from ragen2_envs.adapters import AnyText, bounded, finite, require
+from ragen2_envs.adapters import AnyText, bounded, event_loop, finite, on_loop, require
 from ragen2_envs.base import TextEnv
 from ragen2_envs.options import Range
 
@@ -89,25 +88,6 @@ class _Client(GenericEnvClient):
             data = response.get("data") or {}
             raise ServerRefused(f"{data.get('code', 'UNKNOWN')}: {data.get('message', '')}")
         return response
-
-
-@functools.cache
-def _loop(pid: int) -> asyncio.AbstractEventLoop:
-    """The event loop every client of process ``pid`` lives on, run by a daemon thread (a forked child, whose
-    copy of the thread does not run, makes its own)."""
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name="ragen2-openenv", daemon=True).start()
-    return loop
-
-
-def _run(call: Coroutine[Any, Any, T], limit_s: float) -> T:
-    """``call``'s result, awaited on the clients' loop."""
-    future = asyncio.run_coroutine_threadsafe(call, _loop(os.getpid()))
-    try:
-        return future.result(limit_s)
-    except BaseException:  # a limit, or ragen2's env.step_timeout_s interrupting the wait: stop the call too
-        future.cancel()
-        raise
 
 
 def _said(err: BaseException) -> str:
@@ -197,7 +177,7 @@ class OpenEnvEnv(TextEnv):
                 connect_timeout_s=self.connect_timeout_s,
                 message_timeout_s=self.message_timeout_s,
             )
-        return _run(request(self.client), self.connect_timeout_s + self.message_timeout_s + _SLACK_S)
+        return on_loop(request(self.client), self.connect_timeout_s + self.message_timeout_s + _SLACK_S)
 
     def _ask_anew(self, request: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
         """``_ask``, once more on a new session where the kept one fails at once (the server restarted between
@@ -217,7 +197,7 @@ class OpenEnvEnv(TextEnv):
         """Let the session go without waiting on the server (which may be gone)."""
         client, self.client = getattr(self, "client", None), None
         if client is not None:
-            asyncio.run_coroutine_threadsafe(client.close(), _loop(os.getpid()))
+            asyncio.run_coroutine_threadsafe(client.close(), event_loop(os.getpid()))
 
     def _lost(self, err: BaseException, when: str) -> str:
         """End the episode on a server failure: logged, counted, the session dropped; what ``env_error`` says."""
@@ -236,7 +216,7 @@ class OpenEnvEnv(TextEnv):
         client, self.client = self.client, None
         if client is not None:
             try:
-                _run(client.close(), self.connect_timeout_s + _SLACK_S)
+                on_loop(client.close(), self.connect_timeout_s + _SLACK_S)
             except Exception as err:  # a server already gone has no session left to close
                 log.debug("closing the session of %s: %s", self.base_url, _said(err))
 

@@ -1,15 +1,13 @@
 """Pure torch RL math: SNR-aware filters, advantages, KL estimators, losses and token log-probs.
 
-Imports only torch, never another ragen2 package, so it sits at the bottom of the dependency graph.
+Imports only torch and the leaf ``ragen2.plugins`` (the tables its strategies, loss aggregations, KL estimators
+and loss scalings register in), so it sits at the bottom of the dependency graph.
 """
 
 from ragen2.algos.advantages import bilevel_gae, gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo, whiten
 from ragen2.algos.batching import micro_batch_share, micro_batches, minibatch_order
 from ragen2.algos.filters import (
     LOSS_SCALINGS,
-    SCORE_INPUTS,
-    SCORE_KINDS,
-    STRATEGIES,
     extreme_rows,
     filter_stats,
     group_scores,
@@ -32,9 +30,6 @@ __all__ = [
     "AGG_MODES",
     "KL_KINDS",
     "LOSS_SCALINGS",
-    "SCORE_INPUTS",
-    "SCORE_KINDS",
-    "STRATEGIES",
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate",

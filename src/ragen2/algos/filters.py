@@ -26,11 +26,10 @@ instead of indices:
   on is the bucket whose gradient norms are measured. Zero-score groups count only with `include_zero`,
   as for every strategy (the paper's quartiles are over all groups: `conf/filter/rv_quartile.yaml` sets it).
 
-Scores and strategies are tables (`SCORES`, `STRATEGIES`): a new one is one entry (a strategy: one
-function, which also refuses the values it cannot use) and one `conf/filter/<name>.yaml`. `success_std` (not
-in the reference) is the std of each rollout's binary outcome: under shaped rewards (Sokoban's step and box
-terms) a group that never succeeds still has return variance and survives `reward_std`, while its
-`success_std` is 0 and the zero drop removes it.
+Strategies are entries of ``ragen2.plugins.STRATEGIES``, registered with ``@plugins.strategy`` as a
+package outside ragen2 registers its own: one function, which also refuses the values it cannot use, and one
+`conf/filter/<name>.yaml`. The scores, which read the rollouts, are registered in
+``ragen2.data.group_filter``; `group_scores` reduces a score's per-rollout quantity.
 
 `extreme_rows` is the row-level counterpart, also not in the reference (the paper's trajectory-level
 control, Table 7): within each group it keeps the rollouts with the most extreme returns, half from the
@@ -51,12 +50,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ragen2 import plugins
+
 __all__ = [
     "LOSS_SCALINGS",
-    "SCORES",
-    "SCORE_INPUTS",
-    "SCORE_KINDS",
-    "STRATEGIES",
     "Candidates",
     "extreme_rows",
     "filter_stats",
@@ -65,47 +62,28 @@ __all__ = [
     "select_groups",
 ]
 
-#: the per-rollout quantity each score reduces over a group, and how ([G, K] -> [G]); a new score is one
-#: entry here (and its quantity in ``ragen2.data.group_filter.ROLLOUT_VALUES`` if it reads a new one)
-SCORES: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
-    "reward_std": ("return", lambda x: x.std(dim=1)),
-    "reward_var": ("return", lambda x: x.var(dim=1)),
-    "reward_mean": ("return", lambda x: x.mean(dim=1)),
-    "success_std": ("success", lambda x: x.std(dim=1)),
-    "entropy": ("entropy", lambda x: x.mean(dim=1)),
-    "entropy_std": ("entropy", lambda x: x.std(dim=1)),
-    "length": ("length", lambda x: x.mean(dim=1)),
-}
-SCORE_KINDS = tuple(SCORES)
-SCORE_INPUTS = {kind: quantity for kind, (quantity, _) in SCORES.items()}
-_SPREADS = ("reward_std", "reward_var", "success_std", "entropy_std")  # need 2 rollouts per group
 TOP_P_MODES = ("linear", "softmax")
-LOSS_SCALINGS = ("none", "linear", "sqrt")
+#: algo.loss_scaling's choices (``ragen2.plugins.LOSS_SCALINGS``)
+LOSS_SCALINGS = plugins.LOSS_SCALINGS
 _ZERO = 1e-10  # the reference's threshold for a "zero-score" group
 
 
-def group_scores(values: torch.Tensor, kind: str = "reward_std") -> torch.Tensor:
-    """Per-group score [G] from a per-rollout quantity [G, K] (K rollouts of group g in row g).
-
-    reward_*: pass episode returns; `success_std`: each rollout's binary outcome (1 solved, 0 not), so a
-    group that never succeeds scores 0 however its shaped returns vary. `entropy` / `entropy_std`: pass each
-    rollout's mean token entropy; `length`: pass each rollout's response length. `*_std` is
-    Bessel-corrected (the reference's "RV"), `reward_var` its square; `reward_mean`, `entropy`, `length`
-    are group means.
-    """
-    if kind not in SCORES:
-        raise ValueError(f"filter.score={kind!r} is unknown. Fix: choose one of {', '.join(SCORE_KINDS)}")
+def group_scores(
+    values: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor], kind: str, min_rollouts: int = 1
+) -> torch.Tensor:
+    """Per-group score [G] of the score ``kind``: ``reduce`` of a per-rollout quantity [G, K] (K rollouts of
+    group g in row g) in float64; a spread (std, var) needs ``min_rollouts`` = 2 per group."""
     if values.dim() != 2:
         raise ValueError(f"group_scores expects [G, K] (groups × rollouts), got shape {tuple(values.shape)}")
     x = values.to(torch.float64)
     if not torch.isfinite(x).all():
         raise ValueError(f"group_scores: values for filter.score={kind!r} contain NaN or inf")
-    if kind in _SPREADS and x.shape[1] < 2:
+    if x.shape[1] < min_rollouts:
         raise ValueError(
-            f"filter.score={kind!r} needs at least 2 rollouts per group, got K={x.shape[1]}; "
+            f"filter.score={kind!r} needs at least {min_rollouts} rollouts per group, got K={x.shape[1]}; "
             "raise the group size or use filter.strategy=none"
         )
-    return SCORES[kind][1](x)
+    return reduce(x)
 
 
 @dataclass(frozen=True)
@@ -136,6 +114,7 @@ def _finite(value: float) -> None:
         raise ValueError(f"filter.value={value} is not finite. Fix: filter.value=0.9")
 
 
+@plugins.strategy("top_p")
 def _top_p(c: Candidates, value: float) -> torch.Tensor:
     """The shortest prefix of the ranking holding share ``value`` of the score (≥ 1: every candidate)."""
     _finite(value)
@@ -168,6 +147,7 @@ def _first(c: Candidates, k: int) -> torch.Tensor:
     return c.mask(c.order[: max(min(k, c.scores.numel()), 1)])
 
 
+@plugins.strategy("top_k")
 def _top_k(c: Candidates, value: float) -> torch.Tensor:
     """A fraction ``value`` of all groups, the best first."""
     _finite(value)
@@ -178,6 +158,7 @@ def _top_k(c: Candidates, value: float) -> torch.Tensor:
     return _first(c, int(value * c.groups))
 
 
+@plugins.strategy("top_k_abs")
 def _top_k_abs(c: Candidates, value: float) -> torch.Tensor:
     """``value`` groups, the best first."""
     _finite(value)
@@ -188,6 +169,7 @@ def _top_k_abs(c: Candidates, value: float) -> torch.Tensor:
     return _first(c, int(value))
 
 
+@plugins.strategy("min_p")
 def _min_p(c: Candidates, value: float) -> torch.Tensor:
     """The groups scoring at least ``value`` of the best (largest=False: at most the least over ``value``)."""
     _finite(value)
@@ -207,6 +189,7 @@ def _min_p(c: Candidates, value: float) -> torch.Tensor:
     return c.mask(hit.nonzero().squeeze(-1))
 
 
+@plugins.strategy("quantile")
 def _quantile(c: Candidates, value: float) -> torch.Tensor:
     """Band ``value`` of ``bands`` equal-count bands of the candidates, 1 = the best."""
     _finite(value)
@@ -224,6 +207,7 @@ def _quantile(c: Candidates, value: float) -> torch.Tensor:
     return c.mask(_quantile_band(c.key, int(value), int(bands)))
 
 
+@plugins.strategy("random_drop")
 def _random_drop(c: Candidates, value: float) -> torch.Tensor:
     """As many groups as ``top_p`` keeps at ``value``, drawn uniformly from every group, zero-score ones
     included: the control that takes as few optimizer steps as the SNR filter without choosing by signal."""
@@ -239,22 +223,10 @@ def _random_drop(c: Candidates, value: float) -> torch.Tensor:
     return keep
 
 
+@plugins.strategy("none")
 def _none(c: Candidates, value: float) -> torch.Tensor:
     """Every group, zero-score ones included (the no-filter baseline)."""
     return torch.ones(c.groups, dtype=torch.bool, device=c.index.device)
-
-
-#: filter.strategy -> its choice: (candidates, filter.value) -> keep [G]; each refuses a value it cannot
-#: use (ValueError). A new strategy is one function here and one conf/filter/<name>.yaml.
-STRATEGIES: dict[str, Callable[[Candidates, float], torch.Tensor]] = {
-    "top_p": _top_p,
-    "top_k": _top_k,
-    "top_k_abs": _top_k_abs,
-    "min_p": _min_p,
-    "quantile": _quantile,
-    "random_drop": _random_drop,
-    "none": _none,
-}
 
 
 def _top_p_linear(cand_scores: torch.Tensor, order: torch.Tensor, p: float, eps: float) -> torch.Tensor:
@@ -294,10 +266,8 @@ def select_groups(
 ) -> torch.Tensor:
     """Boolean keep-mask [G] over groups from their scores [G] (see the module docstring); ``generator``
     draws ``random_drop``'s groups."""
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"filter.strategy={strategy!r} is unknown. Fix: choose one of {', '.join(STRATEGIES)}"
-        )
+    if strategy not in plugins.STRATEGIES:
+        raise ValueError(f"filter.strategy={strategy!r} is unknown. Fix: choose one of {plugins.STRATEGIES}")
     if scores.dim() != 1 or scores.numel() == 0:
         raise ValueError(
             f"select_groups expects a non-empty [G] score vector, got shape {tuple(scores.shape)}"
@@ -311,7 +281,7 @@ def select_groups(
     key = s[index] if largest else -s[index]
     order = torch.sort(key, descending=True, stable=True).indices  # [C]
     candidates = Candidates(index, s[index], key, order, s.numel(), largest, mode, eps, bands, generator)
-    return STRATEGIES[strategy](candidates, value)
+    return plugins.STRATEGIES[strategy](candidates, value)
 
 
 def extreme_rows(returns: torch.Tensor, fraction: float = 0.5) -> torch.Tensor:
@@ -375,12 +345,26 @@ def filter_stats(scores: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
     }
 
 
+@plugins.loss_scaling("none")
+def _unscaled(kept_ratio: float) -> float:
+    return 1.0
+
+
+@plugins.loss_scaling("linear")
+def _linear(kept_ratio: float) -> float:
+    return kept_ratio
+
+
+@plugins.loss_scaling("sqrt")
+def _sqrt(kept_ratio: float) -> float:
+    return math.sqrt(kept_ratio)
+
+
 def loss_scale(kept_ratio: float, mode: str) -> float:
-    """Loss multiplier for a filtered batch: 1 (none), kept_ratio (linear) or sqrt(kept_ratio) (sqrt)."""
+    """Loss multiplier for a filtered batch: ``algo.loss_scaling``'s function of the kept ratio: 1 (none),
+    kept_ratio (linear) or sqrt(kept_ratio) (sqrt)."""
     if mode not in LOSS_SCALINGS:
         raise ValueError(f"unknown algo.loss_scaling {mode!r}; choose one of {LOSS_SCALINGS}")
     if not 0.0 <= kept_ratio <= 1.0:
         raise ValueError(f"loss_scale: kept_ratio must be in [0, 1], got {kept_ratio}")
-    if mode == "none":
-        return 1.0
-    return kept_ratio if mode == "linear" else math.sqrt(kept_ratio)
+    return LOSS_SCALINGS[mode](kept_ratio)

@@ -6,30 +6,64 @@ with k3 clamped to [−10, 10] after clamping its log-ratio to ±20) including t
 unbiased estimate of ∇KL. `AdaptiveKLController` is Ziegler et al. (2019)'s proportional controller
 as in verl. Departure: unknown kinds raise ValueError with the choices (verl raises a bare
 NotImplementedError), and every "+" spelling is accepted ("k2+"/"mse+" equal k2).
+
+Each estimator, and its "+" variant, is an entry of ``ragen2.plugins.KL_ESTIMATORS``; a package registers
+one of its own with ``@plugins.kl_estimator`` (and its straight-through variant, ``straight_through``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["KL_KINDS", "AdaptiveKLController", "FixedKLController", "kl_penalty"]
+from ragen2 import plugins
 
-_BASE_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
-KL_KINDS = _BASE_KINDS + tuple(f"{k}+" for k in _BASE_KINDS)
+__all__ = ["KL_KINDS", "AdaptiveKLController", "FixedKLController", "kl_penalty", "straight_through"]
+
+#: algo.kl_kind's choices (``ragen2.plugins.KL_ESTIMATORS``)
+KL_KINDS = plugins.KL_ESTIMATORS
+Estimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _forward(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
-    if kind in ("k1", "kl"):
-        return logp - ref_logp
-    if kind == "abs":
-        return (logp - ref_logp).abs()
-    if kind in ("k2", "mse"):
-        return 0.5 * (logp - ref_logp).square()
+def _k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return logp - ref_logp
+
+
+def _abs(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return (logp - ref_logp).abs()
+
+
+def _k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logp - ref_logp).square()
+
+
+def _k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     # k3 = r − log r − 1 with r = π_ref/π: non-negative, unbiased, low variance.
     log_r = torch.clamp(ref_logp - logp, -20.0, 20.0)
     return torch.clamp(torch.exp(log_r) - log_r - 1.0, -10.0, 10.0)
+
+
+def straight_through(estimator: Estimator) -> Estimator:
+    """The "+" variant of ``estimator``: its value, with the gradient of k2 (the unbiased estimate of ∇KL)."""
+
+    def plus(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        k2 = _k2(logp, ref_logp)
+        return k2 - k2.detach() + estimator(logp, ref_logp).detach()
+
+    return plus
+
+
+def _register(estimators: dict[str, Estimator]) -> None:
+    """Each estimator under its name, then each "+" variant (k2's gradient is its own: its "+" is k2)."""
+    for name, estimator in estimators.items():
+        plugins.kl_estimator(name)(estimator)
+    for name, estimator in estimators.items():
+        plugins.kl_estimator(f"{name}+")(estimator if estimator is _k2 else straight_through(estimator))
+
+
+_register({"k1": _k1, "kl": _k1, "abs": _abs, "k2": _k2, "mse": _k2, "k3": _k3, "low_var_kl": _k3})
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
@@ -40,12 +74,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
         )
     if logp.shape != ref_logp.shape:
         raise ValueError(f"kl_penalty: logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ")
-    base = kind.removesuffix("+")
-    value = _forward(logp, ref_logp, base)
-    if not kind.endswith("+") or base in ("k2", "mse"):
-        return value
-    k2 = 0.5 * (logp - ref_logp).square()
-    return k2 - k2.detach() + value.detach()
+    return KL_KINDS[kind](logp, ref_logp)
 
 
 class FixedKLController:

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from ragen2 import plugins
 from ragen2.algos.logprobs import masked_mean
 
 __all__ = [
@@ -35,7 +36,8 @@ __all__ = [
     "value_loss",
 ]
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+#: algo.loss_agg's choices (``ragen2.plugins.LOSS_AGGREGATIONS``)
+AGG_MODES = plugins.LOSS_AGGREGATIONS
 
 
 def _check_same_shape(**tensors: torch.Tensor) -> None:
@@ -49,7 +51,7 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
 def aggregate(
     loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm: float | None = None
 ) -> torch.Tensor:
-    """Reduce a [B, T] loss matrix over masked tokens to a scalar (modes in `AGG_MODES`)."""
+    """Reduce a [B, T] loss matrix over masked tokens to a scalar (``algo.loss_agg``: modes in `AGG_MODES`)."""
     _check_same_shape(loss_mat=loss_mat, mask=mask)
     if mode not in AGG_MODES:
         raise ValueError(
@@ -57,19 +59,40 @@ def aggregate(
         )
     if norm is not None and norm <= 0:
         raise ValueError(f"aggregate: norm must be > 0 (or None for the mask width), got {norm}")
-    m = mask.to(loss_mat.dtype)  # [B, T]
-    if mode == "token-mean":
-        return masked_mean(loss_mat, m)
-    token_sum = (loss_mat * m).sum(-1)  # [B]
+    return AGG_MODES[mode].reduce(loss_mat, mask.to(loss_mat.dtype), norm)
+
+
+@plugins.loss_aggregation("token-mean", token_level=True)
+def _token_mean(loss_mat: torch.Tensor, m: torch.Tensor, norm: float | None) -> torch.Tensor:
+    """The mean over every masked token of the batch."""
+    return masked_mean(loss_mat, m)
+
+
+def _sequence_mean(per_seq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """[B] per-sequence losses -> their mean over the sequences with a masked token: an empty sequence
+    contributes nothing and is not counted; an empty batch yields 0 with a graph."""
+    return masked_mean(per_seq, (counts > 0).to(per_seq.dtype))
+
+
+@plugins.loss_aggregation("seq-mean-token-mean", token_level=False)
+def _seq_mean_token_mean(loss_mat: torch.Tensor, m: torch.Tensor, norm: float | None) -> torch.Tensor:
+    """The mean over sequences of each sequence's token mean."""
     counts = m.sum(-1)  # [B]
-    if mode == "seq-mean-token-mean":
-        per_seq = token_sum / torch.where(counts > 0, counts, torch.ones_like(counts))  # [B]
-    elif mode == "seq-mean-token-sum":
-        per_seq = token_sum
-    else:
-        per_seq = token_sum / (float(loss_mat.shape[-1]) if norm is None else norm)
-    # Empty sequences contribute nothing and are not counted; an empty batch yields 0 with a graph.
-    return masked_mean(per_seq, (counts > 0).to(loss_mat.dtype))
+    per_seq = (loss_mat * m).sum(-1) / torch.where(counts > 0, counts, torch.ones_like(counts))  # [B]
+    return _sequence_mean(per_seq, counts)
+
+
+@plugins.loss_aggregation("seq-mean-token-sum", token_level=False)
+def _seq_mean_token_sum(loss_mat: torch.Tensor, m: torch.Tensor, norm: float | None) -> torch.Tensor:
+    """The mean over sequences of each sequence's token sum."""
+    return _sequence_mean((loss_mat * m).sum(-1), m.sum(-1))
+
+
+@plugins.loss_aggregation("seq-mean-token-sum-norm", token_level=False)
+def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, m: torch.Tensor, norm: float | None) -> torch.Tensor:
+    """Dr.GRPO's: the mean over sequences of each sequence's token sum over ``norm`` (None: the width T)."""
+    per_seq = (loss_mat * m).sum(-1) / (float(loss_mat.shape[-1]) if norm is None else norm)  # [B]
+    return _sequence_mean(per_seq, m.sum(-1))
 
 
 def _check_clip(clip_low: float, clip_high: float) -> None:

@@ -42,6 +42,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from ragen2 import plugins
 from ragen2.algos.batching import micro_batch_share
 from ragen2.data.batch import RolloutBatch
 from ragen2.diagnostics.findings import held_findings
@@ -138,7 +139,7 @@ class GradientBuckets(L.Callback):
         inputs = update.prepare(batch, everything, everything, kl_reward=kl_reward)
         variance = group_reward_variance(batch.returns, batch.group_index)
         groups = rv_buckets(variance, self.num_buckets)
-        token_level = module.algo.loss_agg == "token-mean"
+        token_level = plugins.LOSS_AGGREGATIONS[module.algo.loss_agg].token_level
         mask = batch.loss_mask
         non_empty = mask.sum(-1) > 0
         buckets: list[tuple[str, torch.Tensor]] = []

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ragen2.data.demo_datamodule import DemoBatch, DemoDataModule
     from ragen2.data.demos import DemoConfig, demonstrate
     from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
-    from ragen2.data.group_filter import GroupFilter
+    from ragen2.data.group_filter import Filter, GroupFilter, select_across
     from ragen2.data.iteration import IterationPlan, collect_iteration
     from ragen2.data.metrics import group_metrics, rollout_metrics
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
@@ -37,7 +37,9 @@ _MODULE = {
     "evaluate": "evaluation",
     "heldout_seeds": "evaluation",
     "pass_at_k": "evaluation",
+    "Filter": "group_filter",
     "GroupFilter": "group_filter",
+    "select_across": "group_filter",
     "IterationPlan": "iteration",
     "collect_iteration": "iteration",
     "group_metrics": "metrics",
@@ -55,6 +57,7 @@ __all__ = [
     "DemoDataModule",
     "DynamicSampling",
     "EnvConfig",
+    "Filter",
     "GroupFilter",
     "IterationPlan",
     "OverlongShaping",
@@ -71,6 +74,7 @@ __all__ = [
     "heldout_seeds",
     "pass_at_k",
     "rollout_metrics",
+    "select_across",
 ]
 
 

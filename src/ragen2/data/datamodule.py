@@ -23,7 +23,7 @@ from ragen2.agent.runner import EpisodeRunner
 from ragen2.data.batch import RolloutBatch
 from ragen2.data.contracts import held_policy
 from ragen2.data.evaluation import validation_rollout
-from ragen2.data.group_filter import GroupFilter
+from ragen2.data.group_filter import Filter
 from ragen2.data.iteration import IterationPlan, collect_iteration
 from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
 from ragen2.data.rollout_log import RolloutLog
@@ -57,7 +57,7 @@ class RolloutDataModule(L.LightningDataModule):
         env: EnvConfig | Mapping[str, Any],
         rollout: RolloutConfig | Mapping[str, Any],
         tokenizer: str,
-        filter: GroupFilter,
+        filter: Filter,
         seed: int = 0,
         val: ValConfig | Mapping[str, Any] | None = None,
         output_dir: str | None = None,

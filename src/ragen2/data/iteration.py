@@ -8,7 +8,7 @@ read top to bottom (docs/method.md §4 and §6):
    short batch trains on what was found; a rank that found nothing (every rank, when nothing was found
    anywhere) holds its last round's groups, none of them trainable, so that diagnostics still see them and
    the update pads its passes with them.
-2. selection: ``GroupFilter.select_across``: one SNR selection over every rank's trainable groups, the rows
+2. selection: ``select_across`` by the run's ``Filter``: one selection over every rank's trainable groups, the rows
    the update trains on within them, and their share of the iteration's rows, counted once.
 3. metrics: ``rollout/*`` over every rank's sampled episodes, ``filter/*``, ``time/rollout``, ``perf/rollout_*``.
 4. the batch, built once: ``collate_episodes`` with the selection and the metrics (``shaping`` gives each
@@ -29,7 +29,7 @@ import torch
 
 from ragen2.agent.episode import Episode
 from ragen2.data.batch import Groups, RolloutBatch, by_group, collate_episodes
-from ragen2.data.group_filter import GroupFilter
+from ragen2.data.group_filter import Filter, select_across
 from ragen2.data.metrics import group_metrics, rollout_metrics
 from ragen2.data.rollout_log import RolloutLog
 from ragen2.data.sampling import DynamicSampling, regroup
@@ -53,7 +53,7 @@ class IterationPlan:
 
     groups: int  # rollout.groups: the iteration's, over every rank
     group_size: int  # rollout.group_size
-    filter: GroupFilter
+    filter: Filter  # filter: ragen2's GroupFilter, or a user's class
     pad_id: int  # the tokenizer's padding id
     seed: int = 0  # the run's seed
     sampling: DynamicSampling | None = None  # algo.sampling
@@ -96,7 +96,7 @@ def collect_iteration(
     rollout_s = max(ranks.gather(time.perf_counter() - start))  # the slowest rank's
     terms = plan.terms(rounds.episodes)
     groups = Groups.of(rounds.episodes, rounds.groups, terms)
-    selection, stats = plan.filter.select_across(groups, rounds.trainable, ranks, iteration)
+    selection, stats = select_across(plan.filter, groups, rounds.trainable, ranks, iteration)
     # every rank's episodes: the logged numbers describe the whole iteration
     everyone = [eps for part in ranks.gather(rounds.sampled) for eps in part]
     sampled = [ep for eps in everyone for ep in eps]

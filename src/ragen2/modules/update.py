@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ragen2 import plugins
 from ragen2.algos.batching import local_rows, micro_batches, minibatch_order, row_weights
 from ragen2.algos.filters import loss_scale
 from ragen2.algos.kl import kl_penalty
@@ -405,7 +406,8 @@ class Update:
         """
         batch = inputs.batch
         freeze_policy = self.critic is not None and not self.critic.trains_policy(batch.iteration)
-        weights = row_weights(batch.loss_mask, self.algo.loss_agg == "token-mean")  # [B]
+        token_level = plugins.LOSS_AGGREGATIONS[self.algo.loss_agg].token_level
+        weights = row_weights(batch.loss_mask, token_level)  # [B]
         minibatches = [mini for epoch in order for mini in epoch]
         steps = self.plan(batch, [self._arrange(mini, batch) for mini in minibatches], ranks)
         totals = ranks.sum(torch.stack([weights[mini].sum() for mini in minibatches]))  # [steps]

@@ -20,34 +20,25 @@ def _t(*xs: float) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- group_scores
+# (each registered score's reduction: tests/unit/data/test_group_filter.py)
 
 VALUES = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [2.0, 0.0, 0.0, 0.0]])
 
 
-def test_group_scores_reward_kinds() -> None:
-    # row 0: mean 0.5, squared deviations 4·0.25 = 1, Bessel var 1/3, std 0.57735
-    # row 1: constant → 0.   row 2: mean 0.5, sq dev 2.25 + 3·0.25 = 3, var 1, std 1
-    torch.testing.assert_close(group_scores(VALUES, "reward_std"), _t(math.sqrt(1 / 3), 0.0, 1.0))
-    torch.testing.assert_close(group_scores(VALUES, "reward_var"), _t(1 / 3, 0.0, 1.0))
-    torch.testing.assert_close(group_scores(VALUES, "reward_mean"), _t(0.5, 1.0, 0.5))
-
-
-def test_group_scores_per_rollout_kinds() -> None:
-    # entropy / length rank by the group mean of the per-rollout quantity, entropy_std by its std.
-    torch.testing.assert_close(group_scores(VALUES, "entropy"), _t(0.5, 1.0, 0.5))
-    torch.testing.assert_close(group_scores(VALUES, "length"), _t(0.5, 1.0, 0.5))
-    torch.testing.assert_close(group_scores(VALUES, "entropy_std"), _t(math.sqrt(1 / 3), 0.0, 1.0))
+def test_group_scores_reduces_each_group_in_float64() -> None:
+    # row 0: mean 0.5, squared deviations 4·0.25 = 1, Bessel var 1/3; row 1: constant → 0; row 2: var 3/3 = 1
+    scores = group_scores(VALUES.float(), lambda x: x.var(dim=1), "reward_var", min_rollouts=2)
+    assert scores.dtype == torch.float64
+    torch.testing.assert_close(scores, _t(1 / 3, 0.0, 1.0))
 
 
 def test_group_scores_errors() -> None:
-    with pytest.raises(ValueError, match=r"filter\.score.*'rv'.*reward_std"):
-        group_scores(VALUES, "rv")
-    with pytest.raises(ValueError, match="at least 2 rollouts"):
-        group_scores(torch.ones(3, 1), "reward_std")
+    with pytest.raises(ValueError, match=r"filter\.score='reward_std' needs at least 2 rollouts"):
+        group_scores(torch.ones(3, 1), torch.std, "reward_std", min_rollouts=2)
     with pytest.raises(ValueError, match=r"\[G, K\]"):
-        group_scores(torch.ones(3), "reward_mean")
+        group_scores(torch.ones(3), torch.mean, "reward_mean")
     with pytest.raises(ValueError, match="NaN"):
-        group_scores(torch.tensor([[1.0, float("nan")]]), "reward_mean")
+        group_scores(torch.tensor([[1.0, float("nan")]]), torch.mean, "reward_mean")
 
 
 # ---------------------------------------------------------------- top_p linear

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
 from helpers import episode, turn
 
+from ragen2 import plugins
 from ragen2.algos import filters
 from ragen2.data.batch import collate_episodes
 from ragen2.data.group_filter import GroupFilter
@@ -135,14 +137,32 @@ def test_monitor_reports_the_selection_and_keeps_every_group() -> None:
     assert watched_stats == stats and watched_stats["kept"] == 1  # filter/* describe what would be kept
 
 
-def test_a_new_strategy_is_one_function(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def registered() -> Iterator[None]:
+    """What the test registers is removed after it."""
+    tables = (plugins.STRATEGIES, plugins.SCORES)
+    before = [set(table) for table in tables]
+    yield
+    for table, names in zip(tables, before):
+        for name in set(table) - names:
+            del table[name]
+
+
+def test_a_new_strategy_and_score_are_one_function_each(registered: None) -> None:
+    @plugins.strategy("lowest")
     def lowest(c: filters.Candidates, value: float) -> torch.Tensor:
         if value != 1:
             raise ValueError(f"filter.value={value}: lowest keeps one group. Fix: filter.value=1")
         return c.mask(c.order[-1:])
 
-    monkeypatch.setitem(filters.STRATEGIES, "lowest", lowest)
+    @plugins.score("return_range", reads=lambda batch: batch.returns)
+    def return_range(values: torch.Tensor) -> torch.Tensor:
+        return values.amax(dim=1) - values.amin(dim=1)
+
     batch = _batch([[1.0, 1.0], [0.0, 2.0], [0.0, 0.2]], [[1, 1]] * 3, [[0.0, 0.0]] * 3)
-    assert GroupFilter(strategy="lowest", value=1)(batch)[0].tolist() == [False, False, True]
+    keep, scores, _ = GroupFilter(score="return_range", strategy="lowest", value=1)(batch)
+    assert scores.tolist() == pytest.approx([0.0, 2.0, 0.2]) and keep.tolist() == [False, False, True]
     with pytest.raises(ConfigError, match=r"^filter.value=2: lowest keeps one group"):
         GroupFilter(strategy="lowest", value=2)
+    with pytest.raises(ValueError, match=r"^filter.strategy='lowest' is registered twice"):
+        plugins.strategy("lowest")(filters.select_groups)
