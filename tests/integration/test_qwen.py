@@ -1,6 +1,6 @@
 """The whole loop on Qwen2.5's vocabulary and ChatML (``model=tiny_qwen2``: a random 2-layer Qwen2 with Qwen's
 real tokenizer and 151,936-row vocabulary): HF and vLLM rollouts, the MI pass, ragen2-export and ragen2-eval;
-and a Qwen3-style template refused before the model loads."""
+and a Qwen3-style template: trained turn by turn, or refused before the model loads as one sequence."""
 
 from __future__ import annotations
 
@@ -39,29 +39,68 @@ def _moved(run_dir: Path) -> bool:
     return any(not torch.equal(v, before[k]) for k, v in after.items())
 
 
-def test_a_qwen3_template_stops_the_run_before_the_model_loads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A model folder with Qwen's tokenizer and Qwen3's published template, where any model load fails: the
-    run stops at the runner's template check, which comes before anything loads the weights."""
-    import transformers
-
+def qwen3_folder(tmp_path: Path) -> Path:
+    """tiny-qwen2's folder with Qwen3's published chat template."""
     folder = tmp_path / "Qwen3-like"
-    built = Path(resolve_model_path("tiny-qwen2"))
-    shutil.copytree(built, folder)
+    shutil.copytree(Path(resolve_model_path("tiny-qwen2")), folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = QWEN3_TEMPLATE.read_text().removesuffix("\n")
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_qwen3_template_as_one_sequence_stops_the_run_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model folder with Qwen's tokenizer and Qwen3's published template, where any model load fails: asked
+    for one sequence per episode, the run stops at the runner's template check, which comes before anything
+    loads the weights."""
+    import transformers
+
+    folder = qwen3_folder(tmp_path)
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model loaded before the template check")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    cfg = compose([*QWEN, f"model.name_or_path={folder}", "rollout=scripted"], run_dir=str(tmp_path / "run"))
+    overrides = [*QWEN, f"model.name_or_path={folder}", "rollout=scripted", "rollout.layout=sequence"]
+    cfg = compose(overrides, run_dir=str(tmp_path / "run"))
     with pytest.raises(
         ConfigError, match=rf"^model.name_or_path='{folder}': its chat template does not keep"
     ):
         run(cfg)
+
+
+@pytest.mark.slow
+def test_a_qwen3_template_trains_turn_by_turn_through_rollout_update_and_the_mi_pass(tmp_path: Path) -> None:
+    """The same folder under rollout.layout=auto: one sequence per turn, each turn's prompt the conversation
+    as Qwen3's template renders it (earlier reasoning dropped); the MI pass scores the first turns (scripted
+    replies: well-formed reasoning) and the update moves the weights."""
+    folder = qwen3_folder(tmp_path)
+    overrides = [
+        *QWEN,
+        f"model.name_or_path={folder}",
+        "rollout=scripted",
+        "filter=none",
+        "iterations=1",
+        "rollout.save_jsonl=true",
+        "diagnostics.every_n_iterations=1",
+    ]
+    cfg = compose(overrides, run_dir=str(tmp_path / "run"))
+    run(cfg)
+    run_dir = Path(cfg.run_dir)
+    row = _row(run_dir)
+    assert float(row["train/optimizer_steps"]) >= 1 and _moved(run_dir)
+    assert float(row["diag/first_turn/rows"]) >= 8 and torch.isfinite(
+        torch.tensor(float(row["diag/first_turn/mi_est"]))
+    )
+    records = [json.loads(line) for line in (run_dir / "rollouts.rank0.jsonl").read_text().splitlines()]
+    multi = [r for r in records if len(r["turns"]) > 1]
+    assert multi
+    for r in multi:  # each later turn is a sequence of its own, after the earlier ones in the row
+        first, second = r["turns"][:2]
+        assert second["offset"] == len(first["prompt_ids"]) + len(first["sampled_ids"])
+        assert second["prompt_ids"][: len(first["prompt_ids"])] != first["prompt_ids"] + first["sampled_ids"]
 
 
 @pytest.mark.slow

@@ -6,6 +6,10 @@ else the token F1 when it reaches ``f1_threshold`` (0.3), else 0. Departures: th
 from ``np_random`` (the reference indexes ``seed % len``); text that is neither action is invalid
 and changes nothing (the reference guesses an answer from free text and ends the episode);
 ``success`` means an exact match (the reference also counts an F1 above the threshold).
+
+Under ``env.tools: [search]`` (docs/tools.md) the retriever is also a tool: ``search(query)`` returns the
+passages and counts against ``max_searches`` like the action, and the final answer stays the action
+``finish[<answer>]`` inside ``<answer>``, which ends the episode.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class SearchQAEnv(TextEnv):
 
     default_max_turns: ClassVar[int] = 5  # reference config _10_search.yaml: max_turn 5
     default_max_actions_per_turn: ClassVar[int] = 1
+    #: methods the agent may call as tools (env.tools)
+    tool_names: ClassVar[tuple[str, ...]] = ("search",)
 
     def __init__(
         self,
@@ -122,14 +128,32 @@ class SearchQAEnv(TextEnv):
             self._feedback = f"Your answer: {argument}"
             info = {"action_is_valid": True, "success": score.em == 1.0, "em": score.em, "f1": score.f1}
             return score.reward, True, False, info
-        query = argument[:MAX_QUERY_CHARS]
-        results = self.retriever.search(query, self.top_k)
-        self._searches += 1
-        self._feedback = f'Search results for "{query}":\n' + format_passages(results, self.max_obs_chars)
+        found = self._search(argument)
         # out of searches without an answer: the env's own budget ran out, a truncation
         truncated = self._searches >= self.max_searches
         self._done = truncated
-        return 0.0, False, truncated, {"action_is_valid": True, "num_results": len(results)}
+        return 0.0, False, truncated, {"action_is_valid": True, "num_results": found}
+
+    def _search(self, query: str) -> int:
+        """Run one search (shown by ``render_state``); the number of passages found."""
+        query = query[:MAX_QUERY_CHARS]
+        results = self.retriever.search(query, self.top_k)
+        self._searches += 1
+        self._feedback = f'Search results for "{query}":\n' + format_passages(results, self.max_obs_chars)
+        return len(results)
+
+    def search(self, query: str) -> str:
+        """Search the knowledge base and return the top passages.
+
+        Args:
+            query: What to search for, e.g. an entity's name.
+        """
+        if self._done or self._searches >= self.max_searches:
+            return "No searches left: give your answer as <answer>finish[<answer>]</answer>."
+        if not query.strip():
+            return "The query is empty: search for a name."
+        self._search(query.strip())
+        return to_charset(self._feedback)
 
     def example_action(self) -> str:
         return "search[who founded the company]"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ragen2.agent.render import THINK_OPEN, template_fragments
+from ragen2.agent.tools import ToolCall
+from ragen2.errors import ConfigError
 
 # end_reason of an episode whose env call overran env.step_timeout_s (ragen2.agent.runner)
 ENV_TIMEOUT = "env_timeout"
@@ -32,15 +35,21 @@ class Turn:
     infos: list[dict[str, Any]] = field(default_factory=list)
     # entropy of the sampler's next-token distribution at each sampled position; None if not recorded
     entropies: list[float] | None = None
+    # where this turn's sequence (prompt + sampled) starts in the episode's training row: 0 where prompts
+    # grow by appending (each turn's prompt holds the earlier turns), the earlier turns' sequences' total
+    # length where each turn is a sequence of its own (rollout.layout=per_turn, ``ragen2.agent.render``)
+    offset: int = 0
+    # a tool turn's calls and their results (env.tools, ``ragen2.agent.tools``); the env did not move
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
     def start(self) -> int:
-        """Index of the first sampled id in the episode's token sequence."""
-        return len(self.prompt_ids)
+        """Index of the first sampled id in the episode's training row."""
+        return self.offset + len(self.prompt_ids)
 
     @property
     def end(self) -> int:
-        return len(self.prompt_ids) + len(self.sampled_ids)
+        return self.start + len(self.sampled_ids)
 
 
 @dataclass
@@ -59,9 +68,19 @@ class Episode:
 
     @property
     def token_ids(self) -> list[int]:
-        """The final training sequence: the last prompt plus the last sampled ids."""
+        """The training row: the last prompt plus the last sampled ids, after the earlier turns' own
+        sequences where each turn is one (``Turn.offset``)."""
         last = self.turns[-1]
-        return [*last.prompt_ids, *last.sampled_ids]
+        earlier = [i for t in self.turns[:-1] for i in (*t.prompt_ids, *t.sampled_ids)] if last.offset else []
+        return [*earlier, *last.prompt_ids, *last.sampled_ids]
+
+    @property
+    def sequences(self) -> list[tuple[int, int]]:
+        """The [start, end) spans of the row's sequences, each run on its own context: the whole row, or
+        each turn's where each turn is a sequence of its own."""
+        if not self.turns[-1].offset:
+            return [(0, len(self.token_ids))]
+        return [(t.offset, t.end) for t in self.turns]
 
     @property
     def episode_return(self) -> float:
@@ -111,6 +130,8 @@ class Episode:
                     "actions_valid": t.actions_valid,
                     "reward": t.reward,
                     "penalty": t.penalty,
+                    **({"offset": t.offset} if t.offset else {}),
+                    **({"tool_calls": [dataclasses.asdict(c) for c in t.tool_calls]} if t.tool_calls else {}),
                 }
                 for t in self.turns
             ],
@@ -126,24 +147,34 @@ def record_messages(record: Mapping[str, Any], tokenizer: Any) -> list[dict[str,
     context, inside the template's user-turn wrapper; ``template_fragments``) and the assistant's reply
     (the forced ``<think>`` and the sampled text, special tokens left out). Where the ids do not decode to
     the wrapper (a tokenizer that does not round-trip), the turn's env text stands in for the user message.
+    A turn rendered anew (``offset``: rollout.layout=per_turn) holds the whole conversation: its user message
+    is the last one in it.
     """
 
     def decode(ids: Sequence[int], special: bool = False) -> str:
         return tokenizer.decode(list(ids), skip_special_tokens=not special)
 
     system = str(record["system_prompt"])
-    f = template_fragments(tokenizer, system)
     head = [{"role": "system", "content": system}, {"role": "user", "content": _USER}]
     first_prefix, first_suffix = tokenizer.apply_chat_template(
         head, tokenize=False, add_generation_prompt=True
     ).split(_USER)
+    try:
+        f = template_fragments(tokenizer, system)
+        later = (f.user_prefix, f.user_suffix)
+    except (
+        ConfigError
+    ):  # a template that rewrites earlier turns: its user header is the one after the system's
+        later = (first_prefix[first_prefix.rfind(system) + len(system) :], first_suffix)
     messages = [{"role": "system", "content": system}]
     context = 0  # ids of the context before this turn's new user text
     for n, turn in enumerate(record["turns"]):
+        context = 0 if turn.get("offset") else context
         added = decode(turn["prompt_ids"][context:], special=True)
-        prefix, suffix = (first_prefix, first_suffix) if n == 0 else (f.user_prefix, f.user_suffix)
-        start, end = added.find(prefix), len(added) - len(suffix + THINK_OPEN)
-        fits = start >= 0 and added.endswith(suffix + THINK_OPEN) and start + len(prefix) <= end
+        prefix, suffix = (first_prefix, first_suffix) if n == 0 else later
+        tail = suffix if suffix.rstrip().endswith(THINK_OPEN) else suffix + THINK_OPEN  # as ``thinking_ids``
+        start, end = added.rfind(prefix), len(added) - len(tail)
+        fits = start >= 0 and added.endswith(tail) and start + len(prefix) <= end
         user = added[start + len(prefix) : end] if fits else str(turn["observation"])
         messages += [
             {"role": "user", "content": user},

@@ -9,19 +9,32 @@ user-turn wrapper) are found once, by rendering placeholders.
 That is only the conversation the model's template would write when the template keeps history verbatim:
 ``template_fragments`` renders an assistant turn as the protocol writes it (``<think>…</think><answer>…
 </answer>``) and refuses a template that changes it, renders it differently once a later turn follows, or
-opens the assistant turn with other text than its generation prompt. Qwen3's templates are refused (they
-move the last turn's reasoning into ``<think>\n…\n</think>\n\n`` and drop it from earlier turns);
-Qwen2.5's, SmolLM2's and other plain ChatML templates pass. ``check_chat_template`` runs it when an
-``EpisodeRunner`` is built, before the first rollout (in training, before the model loads).
+opens the assistant turn with other text than its generation prompt. Qwen2.5's, SmolLM2's and other
+plain ChatML templates pass; Qwen3's do not (they move the last turn's reasoning into
+``<think>\n…\n</think>\n\n`` and drop it from earlier turns).
+
+Such a template gets one sequence per turn instead (``TurnRenderer``): each turn's prompt is the conversation so
+far through the template, exactly as the model would be shown it, and the update trains each turn on its own
+context (``Turn.offset``: the turns' sequences packed one after another in the episode's row, each run alone by
+``ragen2.models.forward.decoder_hidden``). ``rollout.layout`` chooses (``renderer_for``): ``sequence``,
+``per_turn``, or ``auto`` (the default: ``sequence`` where the template keeps history verbatim, else
+``per_turn``), checked when an ``EpisodeRunner`` is built, before the first rollout (in training, before the
+model loads), and logged.
+
+With tools (``env.tools``, ``ragen2.agent.tools``) every rendering passes the tools' JSON schemas to the
+template (``apply_chat_template(tools=…)``), and a tool turn's results are appended inside the template's
+tool-message wrapper, found like the user wrapper by rendering placeholders (``tool_fragments``); a template
+that cannot be split that way takes ``per_turn`` under ``auto``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ragen2.errors import ConfigError
+from ragen2.log import log
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -32,6 +45,11 @@ _ASSISTANT = "\x00ASSISTANT\x00"
 _USER = "\x00USER\x00"
 # an assistant turn as the protocol writes it: the forced <think> (in the prompt), then the sampled text
 _REPLY = f"{THINK_OPEN}\x00REASONING\x00{THINK_CLOSE}{ANSWER_OPEN}{_ASSISTANT}{ANSWER_CLOSE}"
+# a tool turn as the policy writes it (Qwen2.5's format, ``ragen2.agent.tools``), and two tool results
+_TOOL_REPLY = f"{THINK_OPEN}\x00REASONING\x00{THINK_CLOSE}\n<tool_call>\n\x00CALL\x00\n</tool_call>"
+_RESULTS = ("\x00RESULT1\x00", "\x00RESULT2\x00")
+
+Tools = Sequence[dict[str, Any]] | None  # JSON schemas for ``apply_chat_template(tools=…)``; None: text mode
 
 
 @dataclass(frozen=True)
@@ -41,12 +59,24 @@ class TemplateFragments:
     user_suffix: str  # text after it, through the assistant generation header
 
 
-def template_fragments(tokenizer: Any, system_prompt: str) -> TemplateFragments:
-    """Split the chat template into the pieces appended between turns; a ``ConfigError`` naming the model
-    when the template does not keep history verbatim (the module's docstring)."""
+class _Render(Protocol):
+    def __call__(self, messages: list[dict[str, str]], gen: bool) -> str: ...
+
+
+def _renderer(tokenizer: Any, tools: Tools) -> _Render:
+    """``render(messages, gen)``: the template's text, with the tools' schemas where there are tools."""
+    extra = {} if tools is None else {"tools": list(tools)}
 
     def render(messages: list[dict[str, str]], gen: bool) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **extra)
+
+    return render
+
+
+def template_fragments(tokenizer: Any, system_prompt: str, tools: Tools = None) -> TemplateFragments:
+    """Split the chat template into the pieces appended between turns; a ``ConfigError`` naming the model
+    when the template does not keep history verbatim (the module's docstring)."""
+    render = _renderer(tokenizer, tools)
 
     head = [{"role": "system", "content": system_prompt}, {"role": "user", "content": "u"}]
     reply = {"role": "assistant", "content": _REPLY}
@@ -63,13 +93,65 @@ def template_fragments(tokenizer: Any, system_prompt: str) -> TemplateFragments:
         closer = with_assistant[cut + len(_REPLY) :]
         user_prefix, user_suffix = with_user[len(with_assistant) :].split(_USER)
         return TemplateFragments(closer=closer, user_prefix=user_prefix, user_suffix=user_suffix)
-    model = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     raise ConfigError(
-        f"model.name_or_path={model!r}: its chat template does not keep history verbatim ({why}), so "
-        "prompts cannot grow by appending the sampled ids (docs/method.md §2); Qwen3's templates drop "
-        "earlier <think> blocks. Fix: a model whose template keeps every turn as written (Qwen2.5-Instruct, "
-        "SmolLM2, plain ChatML), or put such a chat_template in the model folder's tokenizer_config.json"
+        f"model.name_or_path={_model(tokenizer)!r}: its chat template does not keep history verbatim ({why}), so "
+        "prompts cannot grow by appending the sampled ids (rollout.layout=sequence, docs/method.md §2); "
+        "Qwen3's templates drop earlier <think> blocks. Fix: rollout.layout=per_turn (or auto: one sequence "
+        "per turn), or a model whose template keeps every turn as written (Qwen2.5-Instruct, SmolLM2, ChatML)"
     )
+
+
+def _model(tokenizer: Any) -> str:
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
+@dataclass(frozen=True)
+class ToolFragments:
+    prefix: str  # text before the first of a turn's tool results (e.g. "<|im_start|>user\n<tool_response>\n")
+    separator: str  # text between two results of one turn
+    suffix: str  # text after the last, through the assistant generation header
+
+
+def tool_fragments(tokenizer: Any, system_prompt: str, tools: Tools) -> ToolFragments:
+    """Split the chat template's tool-message wrapper, by rendering a tool turn followed by one and by two
+    placeholder results; a ``ConfigError`` when it does not render them verbatim after the turn as written."""
+    render = _renderer(tokenizer, tools)
+    head = [{"role": "system", "content": system_prompt}, {"role": "user", "content": "u"}]
+    turn = [*head, {"role": "assistant", "content": _TOOL_REPLY}]
+    base = render(turn, gen=False)
+    one, two = (
+        render([*turn, *({"role": "tool", "content": r} for r in results)], gen=True)
+        for results in (_RESULTS[:1], _RESULTS)
+    )
+    first, second = _RESULTS
+    tail_one, tail_two = one[len(base) :], two[len(base) :]
+    if _TOOL_REPLY in base and one.startswith(base) and two.startswith(base) and tail_one.count(first) == 1:
+        prefix, suffix = tail_one.split(first)
+        middle = tail_two.removeprefix(prefix + first).removesuffix(second + suffix)
+        if tail_two == prefix + first + middle + second + suffix:
+            return ToolFragments(prefix=prefix, separator=middle, suffix=suffix)
+    raise ConfigError(
+        f"model.name_or_path={_model(tokenizer)!r}: its chat template does not append tool results after a "
+        "tool call as written, so prompts cannot grow by appending ids (rollout.layout=sequence). Fix: "
+        "rollout.layout=per_turn (or auto)"
+    )
+
+
+def check_tool_template(tokenizer: Any, tools: Tools) -> None:
+    """Refuse, at start-up, tools under a chat template that has no tool format: one that renders the same
+    prompt with and without the tools' schemas, or leaves a tool message's content out."""
+    if not tools:
+        return
+    head = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    plain = tokenizer.apply_chat_template(head, tokenize=False, add_generation_prompt=True)
+    render = _renderer(tokenizer, tools)
+    answered = [*head, {"role": "assistant", "content": "a"}, {"role": "tool", "content": _RESULTS[0]}]
+    if render(head, gen=True) == plain or _RESULTS[0] not in render(answered, gen=True):
+        raise ConfigError(
+            f"model.name_or_path={_model(tokenizer)!r}: its chat template has no tool format (it renders no "
+            "tool schemas or no tool results), so env.tools cannot be shown to the policy. Fix: a model whose "
+            "template renders tools (model=tiny_qwen2, Qwen2.5-Instruct), or env.tools=[] (text actions)"
+        )
 
 
 #: a task-vocabulary tokenizer's ``tokenizer_config.json`` key naming the env ids whose text its words cover
@@ -89,9 +171,34 @@ def check_vocabulary(tokenizer: Any, env_id: str) -> None:
         )
 
 
-def check_chat_template(tokenizer: Any) -> None:
-    """Refuse, at start-up, a chat template under which prompts cannot grow by appending ids."""
-    template_fragments(tokenizer, "You are an agent.")
+LAYOUTS = ("auto", "sequence", "per_turn")
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ConfigError(
+            f"rollout.layout={layout!r} is not a layout. Fix: rollout.layout=auto (or one of {', '.join(LAYOUTS)})"
+        )
+
+
+def check_chat_template(tokenizer: Any, layout: str = "sequence", tools: Tools = None) -> str:
+    """What ``rollout.layout`` comes to under ``tokenizer``'s template, ``sequence`` or ``per_turn``, checked
+    and logged at start-up: ``sequence`` refuses a template under which prompts cannot grow by appending
+    ids (with ``tools``: nor by appending tool results), ``auto`` takes ``per_turn`` for it."""
+    check_layout(layout)
+    chosen, why = layout, "as set"
+    if layout != "per_turn":
+        try:
+            template_fragments(tokenizer, "You are an agent.", tools)
+            if tools:
+                tool_fragments(tokenizer, "You are an agent.", tools)
+            chosen, why = "sequence", "its chat template keeps history verbatim: one sequence per episode"
+        except ConfigError:
+            if layout == "sequence":
+                raise
+            chosen, why = "per_turn", "its chat template rewrites earlier turns: one sequence per turn"
+    log.info("rollout.layout=%s for %s (%s)", chosen, _model(tokenizer), why)
+    return chosen
 
 
 def thinking_ids(tokenizer: Any, text: str) -> list[int]:
@@ -101,20 +208,59 @@ def thinking_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(forced, add_special_tokens=False))
 
 
-def turn_one_ids(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[int]:
+def turn_one_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Tools = None) -> list[int]:
     """Turn 1's prompt ids (X): ``messages`` through the chat template with its generation prompt, then the
     forced ``<think>``. Other trainers' rollouts are read with it too (``ragen2.diagnostics.readers``)."""
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    text = _renderer(tokenizer, tools)(list(messages), gen=True)
     return thinking_ids(tokenizer, text)
 
 
-class ChatRenderer:
-    """Turns env text into prompt ids for one episode's turns."""
+Message = dict[str, str]
 
-    def __init__(self, tokenizer, system_prompt: str) -> None:
+
+def assistant_message(tokenizer: Any, sampled_ids: Sequence[int]) -> Message:
+    """A sampled reply as the chat message a template renders: the forced ``<think>`` and the sampled text,
+    special tokens (the EOS that closed it) left out."""
+    text = tokenizer.decode(list(sampled_ids), skip_special_tokens=True)
+    return {"role": "assistant", "content": THINK_OPEN + text}
+
+
+class TurnRenderer:
+    """Each turn's prompt rendered anew from the conversation, as the template writes it (it may drop or move
+    earlier turns' reasoning): one training sequence per turn (``rollout.layout=per_turn``)."""
+
+    #: whether each turn's prompt is rendered anew rather than grown by appending (``Turn.offset``)
+    rewrites = True
+
+    def __init__(self, tokenizer: Any, system_prompt: str, tools: Tools = None) -> None:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
-        self.fragments = template_fragments(tokenizer, system_prompt)
+        self.tools = tools
+
+    def first_prompt(self, user_text: str) -> list[int]:
+        messages = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": user_text},
+        ]
+        return turn_one_ids(self.tokenizer, messages, self.tools)
+
+    def next_prompt(
+        self, prompt_ids: Sequence[int], sampled_ids: Sequence[int], messages: Sequence[Message]
+    ) -> list[int]:
+        """The next turn's prompt ids, after ``prompt_ids`` and the ``sampled_ids`` answering them;
+        ``messages``: the conversation so far, ending with the next user message or the tool results."""
+        return turn_one_ids(self.tokenizer, messages, self.tools)
+
+
+class ChatRenderer(TurnRenderer):
+    """Prompts that grow by appending ids: one training sequence per episode (``rollout.layout=sequence``)."""
+
+    rewrites = False
+
+    def __init__(self, tokenizer: Any, system_prompt: str, tools: Tools = None) -> None:
+        super().__init__(tokenizer, system_prompt, tools)
+        self.fragments = template_fragments(tokenizer, system_prompt, tools)
+        self.tool_fragments = tool_fragments(tokenizer, system_prompt, tools) if tools else None
         closer_ids = self._encode(self.fragments.closer)
         eos = tokenizer.eos_token_id
         # A sampled EOS already closes the turn in ChatML-like templates: skip the closer's copy of it.
@@ -124,16 +270,28 @@ class ChatRenderer:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def first_prompt(self, user_text: str) -> list[int]:
-        messages = [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": user_text},
-        ]
-        return turn_one_ids(self.tokenizer, messages)
-
-    def next_prompt(self, prompt_ids: Sequence[int], sampled_ids: Sequence[int], user_text: str) -> list[int]:
+    def next_prompt(
+        self, prompt_ids: Sequence[int], sampled_ids: Sequence[int], messages: Sequence[Message]
+    ) -> list[int]:
         ended_with_eos = len(sampled_ids) > 0 and sampled_ids[-1] == self.tokenizer.eos_token_id
         closer = self._closer_after_eos if ended_with_eos else self._closer_ids
+        return [*prompt_ids, *sampled_ids, *closer, *self._encode(self._wrapped(messages) + THINK_OPEN)]
+
+    def _wrapped(self, messages: Sequence[Message]) -> str:
+        """The messages after the last assistant turn (one user message, or that turn's tool results) inside
+        the template's wrapper, through the assistant generation header."""
+        results = []
+        for m in reversed(messages):
+            if m["role"] != "tool":
+                break
+            results.insert(0, m["content"])
+        if results and self.tool_fragments is not None:
+            t = self.tool_fragments
+            return t.prefix + t.separator.join(results) + t.suffix
         f = self.fragments
-        user = self._encode(f.user_prefix + user_text + f.user_suffix + THINK_OPEN)
-        return [*prompt_ids, *sampled_ids, *closer, *user]
+        return f.user_prefix + messages[-1]["content"] + f.user_suffix
+
+
+def renderer_for(tokenizer: Any, system_prompt: str, layout: str, tools: Tools = None) -> TurnRenderer:
+    """The renderer of a layout ``check_chat_template`` settled (``sequence`` or ``per_turn``)."""
+    return (TurnRenderer if layout == "per_turn" else ChatRenderer)(tokenizer, system_prompt, tools)

@@ -13,6 +13,10 @@ penalty: the fault is the env's, not the policy's), the env discarded. The episo
 ``group_size`` rows for the filter and the advantages; one that timed out before its first turn was sampled
 holds one unsampled turn (its prompt, no tokens to train on, return 0). Each timeout is logged as a
 warning and counted in ``rollout/env_timeouts``.
+
+With tools (``env.tools``, ``ragen2.agent.tools``) a turn may call tools instead of writing ``<answer>``: the
+calls run (at most ``max_actions_per_turn``, each under ``step_timeout_s``), the env does not move, and the
+next turn's prompt holds their results as tool messages.
 """
 
 from __future__ import annotations
@@ -26,8 +30,18 @@ from typing import Any, TypeVar
 from ragen2.agent.episode import ENV_TIMEOUT, Episode, Turn
 from ragen2.agent.parsing import ACTION_SEP, parse_turn
 from ragen2.agent.reasoning import reasoning_ids
-from ragen2.agent.render import THINK_CLOSE, ChatRenderer, check_chat_template, check_vocabulary
+from ragen2.agent.render import (
+    THINK_CLOSE,
+    Message,
+    TurnRenderer,
+    assistant_message,
+    check_chat_template,
+    check_tool_template,
+    check_vocabulary,
+    renderer_for,
+)
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
+from ragen2.agent.tools import Toolbox, run_call, tool_turn
 from ragen2.log import log
 from ragen2.progress import bar
 from ragen2.rollout.base import PromptMeta, Sampler, SamplingParams
@@ -35,6 +49,12 @@ from ragen2.rollout.base import PromptMeta, Sampler, SamplingParams
 FORMAT_RULE = (
     "Answer with your reasoning inside <think> </think>, then your action(s) inside <answer> </answer>, "
     "separated by || (at most {max_actions}). Keep the whole response under {max_tokens} tokens."
+)
+# the rule under env.tools: the template's system prompt shows the tools and how to call them
+TOOL_RULE = (
+    "Answer with your reasoning inside <think> </think>, then either call tools (at most {max_actions}) or give "
+    "your action(s) inside <answer> </answer>, separated by || (at most {max_actions}). Keep the whole response "
+    "under {max_tokens} tokens."
 )
 # a concrete reply in the env's own syntax: small models otherwise copy the placeholders verbatim
 EXAMPLE_REPLY = "Example reply: <think>I choose {action}.</think><answer>{action}</answer>"
@@ -53,6 +73,7 @@ class AgentConfig:
     format_penalty: float = -0.1
     max_context: int = 4096  # tokens of prompt + response the model may hold
     step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S  # per env call; None or 0 = no limit
+    layout: str = "auto"  # one sequence per episode or per turn (rollout.layout, ``ragen2.agent.render``)
 
     def __post_init__(self) -> None:
         for key in ("max_turns", "max_actions_per_turn"):
@@ -71,8 +92,8 @@ class AgentConfig:
             )
 
 
-def system_prompt(instructions: str, cfg: AgentConfig, max_tokens: int) -> str:
-    rule = FORMAT_RULE.format(max_actions=cfg.max_actions_per_turn, max_tokens=max_tokens)
+def system_prompt(instructions: str, cfg: AgentConfig, max_tokens: int, rule: str = FORMAT_RULE) -> str:
+    rule = rule.format(max_actions=cfg.max_actions_per_turn, max_tokens=max_tokens)
     return f"{instructions.strip()}\n\n{rule}"
 
 
@@ -83,8 +104,9 @@ def user_message(
     cfg: AgentConfig,
     max_tokens: int,
     example: str | None = None,
+    rule: str = FORMAT_RULE,
 ) -> str:
-    rule = FORMAT_RULE.format(max_actions=cfg.max_actions_per_turn, max_tokens=max_tokens)
+    rule = rule.format(max_actions=cfg.max_actions_per_turn, max_tokens=max_tokens)
     text = f"Turn {turn}:\nState:\n{observation}\nYou have {actions_left} actions left.\n{rule}"
     return text if example is None else f"{text}\n{EXAMPLE_REPLY.format(action=example)}"
 
@@ -99,20 +121,26 @@ class EpisodeRunner:
         cfg: AgentConfig,
         params: SamplingParams,
         env_id: str = "",
+        tools: Toolbox | None = None,
     ) -> None:
         self.env_factory = env_factory
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.params = params
         self.env_id = env_id
-        check_chat_template(tokenizer)  # before the first rollout: a history-rewriting template is refused
+        self.tools = tools
+        self._schemas = tools.schemas if tools else None
+        self._rule = TOOL_RULE if tools else FORMAT_RULE
+        # before the first rollout: a history-rewriting template gets one sequence per turn, or is refused
+        check_tool_template(tokenizer, self._schemas)
+        self.layout = check_chat_template(tokenizer, cfg.layout, self._schemas)
         check_vocabulary(tokenizer, env_id)
         special = {tokenizer.eos_token, tokenizer.pad_token}
         self._strip = tuple(s for s in special if s)
         # the env's reasoning grammar (TextEnv.reasoning_grammar), read off the first env made
         self._grammar: frozenset[str] | None = None
         self._grammar_read = False
-        self._renderer: ChatRenderer | None = None
+        self._renderer: TurnRenderer | None = None
         self._pool: list[Any] = []  # one env per episode slot, reused across collections (``_env``)
         self._first: tuple[str, str, list[int]] | None = None  # the last first prompt rendered
 
@@ -137,10 +165,12 @@ class EpisodeRunner:
         all of them have ended (a caller can write them out before the slowest group finishes).
         """
         params = params or self.params
-        envs: list[tuple[Any, ChatRenderer]] = []
+        envs: list[tuple[Any, TurnRenderer]] = []
         episodes: list[Episode] = []
         prompts: list[list[int]] = []
         observations: list[str] = []
+        chats: list[list[Message]] = []  # each episode's conversation, for a renderer that rewrites it
+        offsets: list[int] = []  # where each episode's next turn starts in its training row (``Turn.offset``)
         for g, seed in enumerate(seeds):
             for k in range(group_size):
                 env = self._env(len(episodes))
@@ -154,7 +184,7 @@ class EpisodeRunner:
                 except EnvTimeout:
                     obs = None
                 shown = NO_OBSERVATION if obs is None else obs
-                renderer, first = self.first_prompt(env, shown)
+                renderer, first, user = self.first_prompt(env, shown)
                 ep.system_prompt = renderer.system_prompt
                 if len(first) + self.params.max_new_tokens > self.cfg.max_context:
                     raise ValueError(
@@ -169,6 +199,10 @@ class EpisodeRunner:
                 episodes.append(ep)
                 prompts.append(first)
                 observations.append(shown)
+                chats.append(
+                    [{"role": "system", "content": renderer.system_prompt}, {"role": "user", "content": user}]
+                )
+                offsets.append(0)
         actions_used = [0] * len(episodes)
         # an episode whose env timed out leaves for good: its env is never reset, stepped or rendered again
         # (a timed-out reset's prompt reads only what the env's configuration fixes: instructions, example)
@@ -193,7 +227,7 @@ class EpisodeRunner:
                 for i, sample in zip(active, samples, strict=True):
                     env, renderer = envs[i]
                     ep = episodes[i]
-                    t, timed_out = self._apply(ep, env, prompts[i], observations[i], sample)
+                    t, timed_out = self._apply(ep, env, prompts[i], observations[i], sample, offsets[i])
                     ep.turns.append(t)
                     actions_used[i] += len(t.actions)
                     ep.success = ep.success or any(bool(info.get("success")) for info in t.infos)
@@ -209,12 +243,20 @@ class EpisodeRunner:
                     if turn == self.cfg.max_turns:
                         ep.truncated, ep.end_reason = True, "max_turns"
                         continue
-                    obs = env.render_state()
-                    left = max(0, self.cfg.max_turns * self.cfg.max_actions_per_turn - actions_used[i])
-                    nxt = renderer.next_prompt(prompts[i], sample.ids, self._user(env, turn + 1, obs, left))
+                    if t.tool_calls:  # the env did not move: the results are the next prompt's new text
+                        obs = "\n".join(c.content for c in t.tool_calls)
+                        shown = [{"role": "tool", "content": c.content} for c in t.tool_calls]
+                    else:
+                        obs = env.render_state()
+                        left = max(0, self.cfg.max_turns * self.cfg.max_actions_per_turn - actions_used[i])
+                        shown = [{"role": "user", "content": self._user(env, turn + 1, obs, left)}]
+                    chats[i] += [assistant_message(self.tokenizer, sample.ids), *shown]
+                    nxt = renderer.next_prompt(prompts[i], sample.ids, chats[i])
                     if len(nxt) + self.params.max_new_tokens > self.cfg.max_context:
                         ep.truncated, ep.end_reason = True, "context"
                         continue
+                    if renderer.rewrites:  # the next turn's sequence follows this one's in the row
+                        offsets[i] = t.end
                     prompts[i], observations[i] = nxt, obs
                     still_active.append(i)
                 active = still_active
@@ -238,18 +280,19 @@ class EpisodeRunner:
             env = self._pool[slot] = self.env_factory()
         return env
 
-    def first_prompt(self, env: Any, observation: str) -> tuple[ChatRenderer, list[int]]:
-        """The renderer of ``env``'s system prompt and the ids of turn 1 showing ``observation``. The last
-        renderer is kept: a run whose system prompt does not change renders its template once."""
-        sys_prompt = system_prompt(env.instructions, self.cfg, self.params.max_new_tokens)
+    def first_prompt(self, env: Any, observation: str) -> tuple[TurnRenderer, list[int], str]:
+        """The renderer of ``env``'s system prompt, the ids of turn 1 showing ``observation`` and its user
+        message. The last renderer is kept: a run whose system prompt does not change renders its template
+        once."""
+        sys_prompt = system_prompt(env.instructions, self.cfg, self.params.max_new_tokens, self._rule)
         if self._renderer is None or self._renderer.system_prompt != sys_prompt:
-            self._renderer = ChatRenderer(self.tokenizer, sys_prompt)
+            self._renderer = renderer_for(self.tokenizer, sys_prompt, self.layout, self._schemas)
         actions = self.cfg.max_turns * self.cfg.max_actions_per_turn
         user = self._user(env, 1, observation, actions)
         # the K rollouts of a group come one after another with the same text: encode it once
         if self._first is None or self._first[:2] != (sys_prompt, user):
             self._first = (sys_prompt, user, self._renderer.first_prompt(user))
-        return self._renderer, list(self._first[2])
+        return self._renderer, list(self._first[2]), user
 
     def first_prompts(self, seeds: Sequence[int]) -> list[tuple[list[int], dict[str, Any]]]:
         """Each instance seed's turn-1 prompt ids, as ``collect`` renders them, and its reset ``info``."""
@@ -316,14 +359,17 @@ class EpisodeRunner:
 
     def _user(self, env: Any, turn: int, obs: str, actions_left: int) -> str:
         return user_message(
-            turn, obs, actions_left, self.cfg, self.params.max_new_tokens, env.example_action()
+            turn, obs, actions_left, self.cfg, self.params.max_new_tokens, env.example_action(), self._rule
         )
 
     def _apply(
-        self, ep: Episode, env: Any, prompt: list[int], observation: str, sample: Any
+        self, ep: Episode, env: Any, prompt: list[int], observation: str, sample: Any, offset: int = 0
     ) -> tuple[Turn, bool]:
         """The turn, and whether an ``env.step`` timed out (its action is not counted: it never completed)."""
         text = self._decode(sample.ids)
+        calls = tool_turn(text, self._strip) if self.tools else None
+        if calls is not None:
+            return self._tool_turn(env, prompt, observation, sample, offset, text, calls[1]), False
         parsed = parse_turn(text, self.cfg.max_actions_per_turn, self._strip, self._grammar)
         reward, valid, infos = 0.0, [], []
         timed_out = False
@@ -339,7 +385,27 @@ class EpisodeRunner:
             if terminated or truncated:
                 break
         bad = not parsed.format_ok or not all(valid)
-        turn = Turn(
+        turn = self._turn(
+            prompt,
+            observation,
+            sample,
+            offset,
+            text,
+            format_ok=parsed.format_ok,
+            actions=parsed.actions[: len(valid)],
+            actions_valid=valid,
+            reward=reward,
+            penalty=self.cfg.format_penalty if bad else 0.0,
+            infos=infos,
+        )
+        return turn, timed_out
+
+    def _turn(
+        self, prompt: list[int], observation: str, sample: Any, offset: int, text: str, **outcome: Any
+    ) -> Turn:
+        """A sampled turn: its ids and text as sampled, its Z, and ``outcome`` (what the env or the tools made
+        of it: the format, actions, reward, penalty …)."""
+        return Turn(
             prompt_ids=prompt,
             sampled_ids=list(sample.ids),
             sampler_logprobs=sample.logprobs,
@@ -347,15 +413,39 @@ class EpisodeRunner:
             text=text,
             finish_reason=sample.finish_reason,
             observation=observation,
-            format_ok=parsed.format_ok,
-            actions=parsed.actions[: len(valid)],
-            actions_valid=valid,
-            reward=reward,
-            penalty=self.cfg.format_penalty if bad else 0.0,
             reasoning_ids=reasoning_ids(sample.ids, self._decode),
-            infos=infos,
+            offset=offset,
+            **outcome,
         )
-        return turn, timed_out
+
+    def _tool_turn(
+        self,
+        env: Any,
+        prompt: list[int],
+        observation: str,
+        sample: Any,
+        offset: int,
+        text: str,
+        bodies: list[str],
+    ) -> Turn:
+        """A tool turn: each call run against ``env``'s tools (an error is a message to the policy, and a
+        penalty where the policy caused it, ``ToolCall.penalized``); no env step, no reward."""
+        assert self.tools is not None
+        tools = self.tools.bind(env)
+        calls = [run_call(b, tools, self.cfg.step_timeout_s) for b in bodies[: self.cfg.max_actions_per_turn]]
+        return self._turn(
+            prompt,
+            observation,
+            sample,
+            offset,
+            text,
+            format_ok=True,
+            actions=[],
+            actions_valid=[],
+            reward=0.0,
+            penalty=self.cfg.format_penalty if any(c.penalized for c in calls) else 0.0,
+            tool_calls=calls,
+        )
 
 
 class _GroupReport:

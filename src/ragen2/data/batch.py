@@ -94,6 +94,9 @@ class RolloutBatch:
     attention_mask: torch.Tensor  # [B, T] 1 on real tokens
     loss_mask: torch.Tensor  # [B, T] 1 exactly where the policy sampled the token
     turn_index: torch.Tensor  # [B, T] turn number (1, 2, …) of tokens in the loss mask, 0 elsewhere
+    # [B, T] the row's sequence (1, 2, …; 0 on padding) each token belongs to: one per row, or one per turn
+    # where each turn is a sequence of its own (``Episode.sequences``), each run on its own context
+    sequence_index: torch.Tensor
     sampler_logprobs: torch.Tensor  # [B, T] the sampler's log-prob of sampled tokens, NaN if unknown
     token_rewards: torch.Tensor  # [B, T] episode return on the last token in the loss mask
     # [B, T] each turn's reward + penalty on that turn's last sampled token (OverlongShaping moves a
@@ -149,6 +152,7 @@ class RolloutBatch:
                 "attention_mask",
                 "loss_mask",
                 "turn_index",
+                "sequence_index",
                 "sampler_logprobs",
                 "token_rewards",
                 "turn_rewards",
@@ -193,6 +197,7 @@ def collate_episodes(
     attention = torch.zeros((b, t), dtype=torch.long)
     loss_mask = torch.zeros((b, t), dtype=torch.float32)
     turn_index = torch.zeros((b, t), dtype=torch.long)
+    sequence_index = torch.zeros((b, t), dtype=torch.long)
     sampler_lp = torch.full((b, t), math.nan, dtype=torch.float32)
     token_rewards = torch.zeros((b, t), dtype=torch.float32)
     turn_rewards = torch.zeros((b, t), dtype=torch.float32)
@@ -201,6 +206,8 @@ def collate_episodes(
         ids = ep.token_ids
         input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention[i, : len(ids)] = 1
+        for n, (start, end) in enumerate(ep.sequences, start=1):
+            sequence_index[i, start:end] = n
         terms = turn_terms[i] if turn_terms is not None else [(0.0, False)] * len(ep.turns)
         anchor: int | None = None  # the last sampled position still in the loss
         for n, (turn, (extra, dropped)) in enumerate(zip(ep.turns, terms, strict=True), start=1):
@@ -224,6 +231,7 @@ def collate_episodes(
         attention_mask=attention,
         loss_mask=loss_mask,
         turn_index=turn_index,
+        sequence_index=sequence_index,
         sampler_logprobs=sampler_lp,
         token_rewards=token_rewards,
         turn_rewards=turn_rewards,

@@ -35,6 +35,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "env_timeouts": float(sum(ep.end_reason == "env_timeout" for ep in episodes)),
         # episodes an env ended on a failure of its own side (a remote server that died), ``info["env_error"]``
         "env_errors": float(sum(any(ENV_ERROR in i for t in ep.turns for i in t.infos) for ep in episodes)),
+        # counts, as env_timeouts: tool turns' calls and the failed ones (env.tools, ``ragen2.agent.tools``)
+        "tool_calls": float(sum(len(t.tool_calls) for t in turns)),
+        "tool_errors": float(sum(bool(c.error) for t in turns for c in t.tool_calls)),
         "format_penalty": _mean([sum(t.penalty for t in ep.turns) for ep in episodes]),
         "sequence_length": _mean([len(ep.token_ids) for ep in episodes]),
         **_token_entropy(episodes),

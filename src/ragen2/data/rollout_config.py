@@ -13,7 +13,9 @@ from typing import Any
 
 import ragen2_envs
 
+from ragen2.agent.render import check_layout
 from ragen2.agent.runner import DEFAULT_STEP_TIMEOUT_S, AgentConfig, EpisodeRunner
+from ragen2.agent.tools import Toolbox, check_specs
 from ragen2.errors import ConfigError
 from ragen2.rollout.base import Sampler, SamplingParams
 from ragen2.settings import check_type, shown, unknown_key
@@ -36,12 +38,17 @@ class EnvConfig:
     step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
     """Seconds each env call (reset, step) may take; one past it ends its episode as a counted failure
     (``rollout/env_timeouts``). 0 or null: no limit."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the policy may call through its chat template's function-call format (empty: text actions only):
+    each a tool of the env (``search`` for SearchQA), a ``module:function`` or ``mcp:<command>`` (a local MCP
+    server's tools). Tool calls and results are its turns; ``<answer>`` still acts on the env (docs/tools.md)."""
 
     def __post_init__(self) -> None:
         try:
-            ragen2_envs.env_class(self.id)
+            env_class = ragen2_envs.env_class(self.id)
         except ragen2_envs.UnknownEnvError as err:
             raise ConfigError(str(err)) from None
+        object.__setattr__(self, "tools", check_specs(list(self.tools or ()), env_class))
         AgentConfig(  # checks all three
             max_turns=self.max_turns,
             max_actions_per_turn=self.max_actions_per_turn,
@@ -100,6 +107,11 @@ class RolloutConfig:
     """Added once to a turn with a bad format or an invalid action (≤ 0)."""
     save_jsonl: bool = False
     """Every episode (ids, text, rewards, group, seed) to <run>/rollouts.rank<r>.jsonl."""
+    layout: str = "auto"
+    """``sequence``: one training sequence per episode, each prompt the last one plus the sampled ids (the
+    chat template must keep history verbatim); ``per_turn``: one sequence per turn, each prompt the
+    conversation through the template (which may drop earlier turns' reasoning, as Qwen3's does); ``auto``:
+    ``sequence`` where the template allows it, else ``per_turn`` (``ragen2.agent.render``)."""
 
     def __post_init__(self) -> None:
         if self.groups < 1:
@@ -116,6 +128,7 @@ class RolloutConfig:
                 f"rollout.format_penalty={self.format_penalty} must be ≤ 0: it is added to bad turns. "
                 "Fix: rollout.format_penalty=-0.1"
             )
+        check_layout(self.layout)
         params = self.params()  # checks max_new_tokens, temperature, top_p
         if self.max_context <= params.max_new_tokens:
             raise ConfigError(
@@ -139,8 +152,10 @@ class RolloutConfig:
             format_penalty=self.format_penalty,
             max_context=self.max_context,
             step_timeout_s=env.step_timeout_s,
+            layout=self.layout,
         )
-        return EpisodeRunner(env.make, tokenizer, agent, self.params(), env_id=env.id)
+        tools = Toolbox.from_specs(env.tools, ragen2_envs.env_class(env.id)) if env.tools else None
+        return EpisodeRunner(env.make, tokenizer, agent, self.params(), env_id=env.id, tools=tools)
 
     def saved(self) -> dict[str, Any]:
         """Every setting but the backend, as plain values (what a checkpoint records)."""

@@ -10,10 +10,15 @@ values: the same function of the weights, the backward summing the shared prefix
 rows. On single-turn tasks the prompt is most of each row (Bandit: 236 of ~280 tokens), so the update
 runs about a third of the tokens. The numbers equal the plain pass up to float rounding (different
 matmul shapes sum in a different order), which is why it is a switch and not the default.
+
+A row that packs several sequences (one per turn, where the chat template rewrites earlier turns:
+``rollout.layout=per_turn``) runs each sequence alone, on its own context (``packed_hidden``): the row's
+hidden states are its sequences' own, in place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +27,60 @@ from torch.nn import functional as F
 
 from ragen2.models.kv import as_cache, cache_layers
 
+Decoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # ([n, L] ids, [n, L] mask) -> [n, L, H]
+
+
+def packed_hidden(run: Decoder, input_ids: torch.Tensor, sequence_index: torch.Tensor) -> torch.Tensor:
+    """[b, T, H] hidden states of rows that pack sequences one after another (``sequence_index``: 1, 2, … on
+    each sequence's tokens, 0 on padding), each sequence run by ``run`` alone, as a row of its own."""
+    b, width = input_ids.shape
+    spans = [  # (row, start, length) of every sequence
+        (i, int(where[0]), int(where.numel()))
+        for i in range(b)
+        for n in range(1, int(sequence_index[i].max()) + 1)
+        if (where := torch.nonzero(sequence_index[i] == n).squeeze(-1)).numel()
+    ]
+    device = input_ids.device
+    rows, starts, lengths = (torch.tensor(x, device=device) for x in zip(*spans, strict=True))
+    step = torch.arange(int(lengths.max()), device=device)
+    inside = step < lengths[:, None]  # [n, L]
+    positions = (starts[:, None] + step).clamp(max=width - 1)
+    ids = torch.where(inside, input_ids[rows].gather(1, positions), torch.zeros_like(positions))
+    hidden = run(ids, inside.long())  # [n, L, H]
+    out = hidden.new_zeros((b, width, hidden.shape[-1]))
+    at = (rows[:, None].expand_as(positions)[inside], positions[inside])
+    return out.index_put(at, hidden[inside])
+
+
+def by_sequence(
+    run: Decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequence_index: torch.Tensor | None
+) -> torch.Tensor:
+    """``run`` on the rows, or on each sequence alone where a row packs several (``packed_hidden``)."""
+    if sequence_index is None or not sequence_index.numel() or int(sequence_index.max()) <= 1:
+        return run(input_ids, attention_mask)
+    return packed_hidden(run, input_ids, sequence_index)
+
 
 def decoder_hidden(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, share_prefix: bool = False
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    share_prefix: bool = False,
+    sequence_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[b, T] ids -> [b, T, H] last hidden states of the causal LM's decoder (no LM head).
 
     ``share_prefix``: compute prefixes shared by ≥ 2 right-padded rows once (``shared_prefix_hidden``).
+    ``sequence_index`` ([b, T], ``RolloutBatch.sequence_index``): rows that pack several sequences run each
+    alone (``packed_hidden``).
     """
+    if sequence_index is not None:
+        return by_sequence(
+            lambda ids, mask: decoder_hidden(model, ids, mask, share_prefix),
+            input_ids,
+            attention_mask,
+            sequence_index,
+        )
     checkpointed = getattr(model, "is_gradient_checkpointing", False) and model.training
     if share_prefix and not checkpointed:  # checkpointed layers return no keys/values to build on
         groups = prefix_groups(input_ids, attention_mask)

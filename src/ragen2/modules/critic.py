@@ -30,6 +30,7 @@ from torch import nn
 from ragen2.algos.logprobs import masked_mean
 from ragen2.algos.losses import value_loss
 from ragen2.errors import ConfigError
+from ragen2.models.forward import by_sequence
 from ragen2.models.loading import load_model
 from ragen2.models.lora import LoRAConfig
 from ragen2.models.value import position_values, zero_head
@@ -110,15 +111,28 @@ class Critic(nn.Module):
         input_ids: torch.Tensor,  # [b, T]
         attention_mask: torch.Tensor,  # [b, T]
         loss_mask: torch.Tensor,  # [b, T]
+        sequence_index: torch.Tensor | None = None,  # [b, T] rows packing several sequences
     ) -> torch.Tensor:
         """[b, T] values at sampled positions (0 elsewhere)."""
         assert self.head is not None, "call build(policy) first"
         hidden = (
             policy_hidden
             if self.trunk is None
-            else self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            else self._trunk_hidden(input_ids, attention_mask, sequence_index)
         )
         return position_values(self.head, hidden, loss_mask)
+
+    def _trunk_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequence_index: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The critic's own trunk's hidden states (each packed sequence alone, as the policy's)."""
+        assert self.trunk is not None
+        trunk = self.trunk
+
+        def run(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return trunk(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        return by_sequence(run, input_ids, attention_mask, sequence_index)
 
     def param_group(self) -> dict[str, Any]:
         """The critic's own optimizer group (a shared trunk trains in the policy's group)."""

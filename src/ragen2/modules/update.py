@@ -132,6 +132,7 @@ def token_scores(
     temperature: float,
     with_entropy: bool,
     share_prefix: bool = False,
+    sequence_index: torch.Tensor | None = None,  # [b, T] rows packing several sequences
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(hidden [b, T, H], log-probs of the sampled tokens [b, T], entropies [b, T] or None): one forward;
     ``share_prefix`` runs a prompt that several rows share once (``algo.share_prompt_prefix``).
@@ -140,7 +141,7 @@ def token_scores(
     (``register_fsdp_forward_method``): the decoder and the LM head are called directly, which would
     otherwise skip the root's all-gather of the embeddings, final norm and head.
     """
-    hidden = decoder_hidden(model, input_ids, attention_mask, share_prefix)
+    hidden = decoder_hidden(model, input_ids, attention_mask, share_prefix, sequence_index)
     logp, entropy = sampled_logprobs(
         hidden, input_ids, loss_mask, lm_head(model), temperature, with_entropy=with_entropy
     )
@@ -313,7 +314,7 @@ class Update:
         terms = LossTerms()
         if self.critic is not None:
             assert inputs.values is not None and inputs.returns is not None
-            values = self.critic(hidden, mb.input_ids, mb.attention_mask, mask)
+            values = self.critic(hidden, mb.input_ids, mb.attention_mask, mask, mb.sequence_index)
             terms.value, critic_stats = self.critic.loss(
                 values, inputs.values[rows, :width], inputs.returns[rows, :width], mask, agg, norm
             )
@@ -353,6 +354,7 @@ class Update:
             self.temperature,
             with_entropy,
             self.algo.share_prompt_prefix,
+            mb.sequence_index,
         )
 
     def _score(
@@ -371,7 +373,7 @@ class Update:
             hidden, logp, _ = self._forward(model, mb)
             if critic is None:
                 return (logp,)
-            return logp, critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask)
+            return logp, critic(hidden, mb.input_ids, mb.attention_mask, mb.loss_mask, mb.sequence_index)
 
         (step,) = self.plan(batch, [rows], ranks)
         parts = [score(batch.select(idx)) for idx in step.micro]
@@ -467,7 +469,13 @@ class Update:
         hidden, logp, _ = self._forward(self.policy, pad)
         loss = logp.sum() * 0.0
         if self.critic is not None:
-            loss = loss + self.critic(hidden, pad.input_ids, pad.attention_mask, pad.loss_mask).sum() * 0.0
+            loss = (
+                loss
+                + self.critic(
+                    hidden, pad.input_ids, pad.attention_mask, pad.loss_mask, pad.sequence_index
+                ).sum()
+                * 0.0
+            )
         backward(loss)
 
 

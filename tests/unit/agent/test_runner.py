@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -22,12 +23,16 @@ import torch
 from ragen2_envs.sokoban.env import SokobanEnv
 
 from ragen2.agent import AgentConfig, Episode, EpisodeRunner
+from ragen2.agent.episode import record_messages
+from ragen2.agent.render import assistant_message, turn_one_ids
 from ragen2.agent.runner import NO_OBSERVATION, user_message
 from ragen2.data.batch import by_group, collate_episodes
 from ragen2.data.metrics import rollout_metrics
 from ragen2.rollout import PromptMeta, Sample, SamplingParams
 from ragen2.rollout.hf import HFSampler
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
+
+from .test_render import qwen3_tokenizer
 
 SOKOBAN = "ragen2/Sokoban-v0"
 # Sokoban seed 2 (6×6, 1 box): the player P stands in the bottom-left corner, so Down and Left hit walls
@@ -193,6 +198,16 @@ def check_token_contract(episodes: list[Episode], rec: Recorder, runner: Episode
 # ---- the token contract on real episodes ---------------------------------------------------------
 
 
+def check_sampler_logprobs(rec: Recorder, model: Any) -> None:
+    """Every sampled id's log-prob as the sampler returned it equals the model's given the prompt it was fed."""
+    for call in rec.calls:
+        for prompt, ids, logprobs in zip(call.prompts, call.ids, call.logprobs, strict=True):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+            want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+            torch.testing.assert_close(torch.tensor(logprobs), want, atol=1e-4, rtol=0)
+
+
 # SmolLM2's tokenizer and 49k vocabulary; Qwen2.5's tokenizer, ChatML template and 151,936-row vocabulary
 TINY_MODELS = [("tokenizer", "tiny_model"), ("qwen_tokenizer", "tiny_qwen2")]
 
@@ -211,17 +226,40 @@ def test_token_contract_hf_sampler_tiny_model(
     check_token_contract(episodes, rec, runner)
     # the sampler reuses keys/values across turns and within groups; its log-probs are still exact
     assert sampler.tokens_prefilled < sum(len(p) for call in rec.calls for p in call.prompts) // 2
-    for call in rec.calls:
-        for prompt, ids, logprobs in zip(call.prompts, call.ids, call.logprobs, strict=True):
-            with torch.no_grad():
-                logits = tiny_model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
-            want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
-            torch.testing.assert_close(torch.tensor(logprobs), want, atol=1e-4, rtol=0)
+    check_sampler_logprobs(rec, tiny_model)
     # the random model's text is not well-formed: each turn is penalised once, the episode goes on
     for ep in episodes:
         assert ep.end_reason == "max_turns" and ep.truncated and not ep.terminated
         for turn in ep.turns:
             assert turn.penalty == (0.0 if turn.format_ok and all(turn.actions_valid) else -0.1)
+
+
+def test_a_qwen3_template_gets_one_sequence_per_turn_each_the_context_it_was_given(
+    tmp_path: Path, tiny_qwen2
+) -> None:
+    """Qwen3's template drops earlier turns' reasoning: each turn's prompt is the conversation as it renders
+    it, the sampler's log-probs are the model's given that prompt, and the batch trains each turn's sampled
+    ids on its own context (the turns packed in the row: ``Turn.offset``)."""
+    tokenizer = qwen3_tokenizer(tmp_path / "Qwen3-like")
+    runner = _runner(tokenizer, cfg=AgentConfig(max_turns=3), max_new_tokens=12)
+    assert runner.layout == "per_turn"
+    rec = Recorder(HFSampler(tokenizer, tiny_qwen2))
+    episodes = runner.collect(rec, seeds=[0], group_size=2, sample_seed=7)
+    assert [len(ep.turns) for ep in episodes] == [3, 3]
+    check_sampler_logprobs(rec, tiny_qwen2)
+    batch = collate_episodes(episodes, 1, tokenizer.pad_token_id)
+    for row, ep in enumerate(episodes):
+        messages = record_messages(ep.to_record(), tokenizer)
+        at = 0
+        for n, t in enumerate(ep.turns):
+            conversation = [*messages[: 2 + 2 * n]]  # the system prompt, then each turn's user and reply
+            conversation[2::2] = [assistant_message(tokenizer, u.sampled_ids) for u in ep.turns[:n]]
+            assert t.prompt_ids == turn_one_ids(tokenizer, conversation), f"turn {n + 1}"
+            assert t.offset == at and t.prompt_ids == rec.calls[n].prompts[row]
+            at = t.end
+        sampled = batch.input_ids[row][batch.loss_mask[row].bool()].tolist()
+        assert sampled == [i for t in ep.turns for i in t.sampled_ids]
+        assert batch.sequence_index[row].max() == 3
 
 
 SCRIPTED = (*DEFAULT_RESPONSES, "Stuck.</think><answer>Down || Left</answer><|im_end|>")

@@ -83,7 +83,7 @@ def test_prompts_are_the_agents_rendering_and_the_loss_is_on_the_replies_only(to
             obs, *_ = replay.step(action)
         budget -= len(turn.actions)
         user = user_message(n + 1, obs, budget, agent, 48, replay.example_action())
-        prompt = renderer.next_prompt(turn.prompt_ids, turn.sampled_ids, user)
+        prompt = renderer.next_prompt(turn.prompt_ids, turn.sampled_ids, [{"role": "user", "content": user}])
     batch = collate_episodes(episodes, 1, tokenizer.pad_token_id)
     for row, episode in enumerate(episodes):
         replies = batch.input_ids[row][batch.loss_mask[row].bool()].tolist()

@@ -1,0 +1,275 @@
+"""Tool-calling turns (``env.tools``, docs/tools.md): the policy acts through its chat template's function calls.
+
+A tool turn is the reasoning, ``</think>``, then one or more ``<tool_call>{"name": …, "arguments": {…}}
+</tool_call>`` blocks (Qwen2.5's and Hermes' format; the template renders the tools' JSON schemas into the
+system prompt and each result as a ``{"role": "tool"}`` message). The env does not move on a tool turn: each
+call runs, and the results are the next turn's prompt (prompt ids, never trained on). A turn that writes
+``<answer>…</answer>`` instead acts on the env as in text mode: the final answer still ends the episode.
+
+Tools come from ``env.tools``, a list of specs resolved at start-up (``Toolbox``):
+
+- ``<name>``: a tool of the env (a method it lists in ``tool_names``), bound to each episode's own env;
+- ``<module>:<function>``: a Python function (type hints and a Google-style docstring give its JSON schema,
+  as ``transformers.utils.get_json_schema`` reads them);
+- ``mcp:<command>``: every tool of an MCP server started locally over stdio (``ragen2.agent.mcp``).
+
+Bad model output is never a crash: a call that is not JSON, names no known tool, or whose arguments do not
+match the schema, and a tool that raises, answers with an error message to the policy and costs the turn one
+format penalty; a tool that overruns ``env.step_timeout_s`` answers with an error message and no penalty (the
+fault is the tool's). Each call counts in ``rollout/tool_calls``, each failure in ``rollout/tool_errors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragen2.agent.render import THINK_CLOSE
+from ragen2.agent.timeout import EnvTimeout, call_with_timeout
+from ragen2.errors import ConfigError
+from ragen2.log import log
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+MCP_PREFIX = "mcp:"
+#: ``ToolCall.error`` of a call past ``env.step_timeout_s``: the tool's fault, not the policy's
+TIMEOUT = "timeout"
+
+# reasoning, </think>, then only <tool_call> blocks (whitespace between them)
+_TURN = re.compile(
+    rf"^(?P<think>.*?){re.escape(THINK_CLOSE)}\s*(?P<calls>(?:{re.escape(TOOL_CALL_OPEN)}.*?"
+    rf"{re.escape(TOOL_CALL_CLOSE)}\s*)+)$",
+    re.DOTALL,
+)
+_CALL = re.compile(rf"{re.escape(TOOL_CALL_OPEN)}(.*?){re.escape(TOOL_CALL_CLOSE)}", re.DOTALL)
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    schema: dict[
+        str, Any
+    ]  # OpenAI-style: {"type": "function", "function": {"name", "description", "parameters"}}
+    call: Callable[..., Any]
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self.schema["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call as the policy wrote it, and the tool message that answered it."""
+
+    name: str  # "" when the call did not parse
+    arguments: dict[str, Any] | None  # None when they did not parse
+    content: str  # the tool message's text
+    error: str = ""  # "" for a call that ran; else json | unknown_tool | arguments | raised | timeout
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.error) and self.error != TIMEOUT
+
+
+def function_tool(fn: Callable[..., Any], where: str) -> Tool:
+    """``fn`` as a tool, its schema read from its type hints and docstring; a ``ConfigError`` naming ``where``
+    (the config key) when they do not give one."""
+    from transformers.utils.chat_template_utils import get_json_schema
+
+    try:
+        schema = get_json_schema(fn)
+    except Exception as err:  # transformers raises its own parsing exceptions, and TypeError on odd hints
+        raise ConfigError(
+            f"{where}: {getattr(fn, '__name__', fn)!r} gives no tool schema ({err}). Fix: type-hint every "
+            "argument and document each under 'Args:' in a Google-style docstring"
+        ) from None
+    return Tool(name=schema["function"]["name"], schema=schema, call=fn)
+
+
+def tool_turn(text: str, strip_tokens: Sequence[str] = ()) -> tuple[str, list[str]] | None:
+    """The reasoning and the bodies of a tool turn's ``<tool_call>`` blocks, or None when ``text`` is not a
+    tool turn (an ``<answer>`` turn, or a bad format: ``ragen2.agent.parsing``)."""
+    for tok in strip_tokens:
+        text = text.replace(tok, "")
+    match = _TURN.match(text)
+    if match is None or THINK_CLOSE in match["calls"]:
+        return None
+    return match["think"], [body.strip() for body in _CALL.findall(match["calls"])]
+
+
+def argument_error(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> str:
+    """Why ``arguments`` do not match a JSON-schema ``parameters`` object ("" when they do): required keys,
+    unknown keys and the JSON type of each."""
+    properties = parameters.get("properties", {})
+    missing = [k for k in parameters.get("required", ()) if k not in arguments]
+    if missing:
+        return f"missing required argument(s) {', '.join(missing)}"
+    for key, value in arguments.items():
+        if key not in properties:
+            return f"unknown argument {key!r} (expected: {', '.join(properties) or 'none'})"
+        kind = properties[key].get("type")
+        kinds = kind if isinstance(kind, list) else [kind] if kind else []
+        if kinds and not any(_is_json(value, k) for k in kinds):
+            return f"argument {key!r} must be {' or '.join(kinds)}, not {json.dumps(value)}"
+    return ""
+
+
+def _is_json(value: Any, kind: str) -> bool:
+    if isinstance(value, bool) != (kind == "boolean"):  # JSON's true is no number, Python's is
+        return False
+    return isinstance(value, _JSON_TYPES.get(kind, object))
+
+
+def parse_call(body: str, tools: Mapping[str, Tool]) -> tuple[Tool, dict[str, Any]] | ToolCall:
+    """The tool and arguments a ``<tool_call>`` body names, or the failed ``ToolCall`` saying why not."""
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as err:
+        return ToolCall("", None, f"Error: the tool call is not valid JSON ({err}).", "json")
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        shape = 'Write {"name": <tool name>, "arguments": {…}}.'
+        return ToolCall("", None, f"Error: the tool call names no tool. {shape}", "json")
+    name, arguments = call["name"], call.get("arguments", {})
+    if isinstance(arguments, str):  # OpenAI's wire format sends the arguments as a JSON string
+        with contextlib.suppress(json.JSONDecodeError):
+            arguments = json.loads(arguments)
+    tool = tools.get(name)
+    if tool is None:
+        known = ", ".join(tools)
+        return ToolCall(name, None, f"Error: there is no tool {name!r}. Tools: {known}.", "unknown_tool")
+    if not isinstance(arguments, dict):
+        return ToolCall(name, None, f"Error: {name}'s arguments must be a JSON object.", "arguments")
+    problem = argument_error(tool.parameters, arguments)
+    if problem:
+        return ToolCall(name, arguments, f"Error: {name}: {problem}.", "arguments")
+    return tool, arguments
+
+
+def run_call(body: str, tools: Mapping[str, Tool], timeout_s: float | None) -> ToolCall:
+    """One ``<tool_call>`` body run: its result, or an error message for the policy (never a raise)."""
+    parsed = parse_call(body, tools)
+    if isinstance(parsed, ToolCall):
+        return parsed
+    tool, arguments = parsed
+    try:
+        result = call_with_timeout(tool.call, timeout_s, **arguments)
+    except EnvTimeout:
+        log.warning(
+            "tool %s(%s) did not return within env.step_timeout_s=%g s; the policy is told so (rollout/tool_errors)",
+            tool.name,
+            json.dumps(arguments)[:200],
+            timeout_s,
+        )
+        return ToolCall(tool.name, arguments, f"Error: {tool.name} did not return in time.", TIMEOUT)
+    except Exception as err:  # a tool is arbitrary code: what it raises goes back to the policy
+        log.warning("tool %s raised %s: %s (rollout/tool_errors)", tool.name, type(err).__name__, err)
+        return ToolCall(
+            tool.name, arguments, f"Error: {tool.name} raised {type(err).__name__}: {err}", "raised"
+        )
+    content = result if isinstance(result, str) else json.dumps(result, default=str)
+    return ToolCall(tool.name, arguments, content)
+
+
+@dataclass
+class Toolbox:
+    """A run's tools, from ``env.tools``: function and MCP tools shared by every episode, env tools bound to
+    each episode's env (``bind``)."""
+
+    shared: list[Tool] = field(default_factory=list)
+    env_tools: list[str] = field(default_factory=list)  # names of the env's methods
+    env_schemas: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[str], env_class: type) -> Toolbox:
+        """Resolve ``env.tools`` (``check_specs`` first), starting the MCP servers it names."""
+        box = cls()
+        for n, spec in enumerate(check_specs(specs, env_class)):
+            where = f"env.tools[{n}]={spec!r}"
+            if spec.startswith(MCP_PREFIX):
+                from ragen2.agent.mcp import McpSession
+
+                server = McpSession(spec[len(MCP_PREFIX) :].strip(), where)
+                box.shared += [
+                    Tool(s["function"]["name"], s, server.caller(s["function"]["name"]))
+                    for s in server.schemas()
+                ]
+            elif ":" in spec:
+                box.shared.append(function_tool(_import(spec, where), where))
+            else:
+                box.env_tools.append(spec)
+                box.env_schemas.append(function_tool(getattr(env_class, spec), where).schema)
+        names = [t.name for t in box.shared] + box.env_tools
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(
+                f"env.tools={list(specs)} gives two tools the name {', '.join(twice)}. Fix: list each tool once"
+            )
+        return box
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools' JSON schemas, in ``env.tools`` order of kinds (what ``apply_chat_template(tools=…)`` renders)."""
+        return [*self.env_schemas, *(t.schema for t in self.shared)]
+
+    def bind(self, env: Any) -> dict[str, Tool]:
+        """Every tool by name, the env's own calling ``env``'s methods."""
+        own = {
+            name: Tool(name, schema, getattr(env, name))
+            for name, schema in zip(self.env_tools, self.env_schemas, strict=True)
+        }
+        return {**own, **{t.name: t for t in self.shared}}
+
+
+def check_specs(specs: Sequence[str], env_class: type) -> list[str]:
+    """``env.tools`` checked without starting anything: each spec a tool ``env_class`` lists in ``tool_names``,
+    an importable ``module:function`` or an ``mcp:<command>``; a ``ConfigError`` naming the key and the fix."""
+    own = tuple(getattr(env_class, "tool_names", ()))
+    checked = []
+    for n, spec in enumerate(specs):
+        where = f"env.tools[{n}]={spec!r}"
+        if not isinstance(spec, str) or not spec.strip():
+            raise ConfigError(
+                f"{where} is not a tool spec. Fix: a tool name, module:function or mcp:<command>"
+            )
+        spec = spec.strip()
+        if spec.startswith(MCP_PREFIX):
+            if not spec[len(MCP_PREFIX) :].strip():
+                raise ConfigError(f"{where} names no command. Fix: e.g. 'mcp:python -m my_server'")
+        elif ":" in spec:
+            _import(spec, where)
+        elif spec not in own:
+            offer = f"its tools: {', '.join(own)}" if own else "it has none"
+            raise ConfigError(
+                f"{where} is not a tool of {env_class.__name__} ({offer}). Fix: one of its tools, a "
+                "module:function path, or mcp:<command> (docs/tools.md)"
+            )
+        checked.append(spec)
+    return checked
+
+
+def _import(spec: str, where: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(
+            f"{where} does not import ({type(err).__name__}: {err}). Fix: an importable module:function path "
+            "(the module on PYTHONPATH or installed)"
+        ) from None
+    if not callable(fn):
+        raise ConfigError(f"{where} is not a function. Fix: a module:function path to a callable")
+    return fn
