@@ -112,9 +112,12 @@ def test_agrees_with_tiktoken_on_the_projects_own_text(qwen_tokenizer) -> None:
     files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     paragraphs = [p for f in files for p in f.read_text().split("\n\n") if p.strip()]
     assert len(paragraphs) > 300
+    # Qwen's added tokens (<tool_call>, <|im_end|>, …) are one id each in the tokenizer, plain text to tiktoken
+    added = list(qwen_tokenizer.get_added_vocab())
     for p in paragraphs:
         ids = qwen_tokenizer.encode(p, add_special_tokens=False)
-        assert ids == reference.encode(p, allowed_special=set()), p[:80]
+        if not any(token in p for token in added):
+            assert ids == reference.encode(p, allowed_special=set()), p[:80]
         assert qwen_tokenizer.decode(ids) == p
 
 
