@@ -1,8 +1,8 @@
 """ragen2_envs: gymnasium text environments for multi-turn LLM agents.
 
-Importing this package registers every environment under a versioned id; it imports no torch,
-lightning or transformers (heavy backends load lazily inside the env that needs them). Environments of
-other packages are found by their ids too (``ragen2_envs.registry``).
+Importing this package registers every environment an installed package declares, ragen2's own among them
+(versioned ids, ``ragen2_envs.registry``); it imports no torch, lightning or transformers (heavy backends load
+lazily inside the env that needs them).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from ragen2_envs.base import TextEnv, text_space
 from ragen2_envs.options import Option, options
 from ragen2_envs.registry import (
     ENTRY_POINT_GROUP,
-    ENV_IDS,
     UnknownEnvError,
     declared_ids,
     env_class,
     env_options,
     make,
+    own_ids,
     register_all,
 )
 
@@ -24,7 +24,6 @@ register_all()
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "ENV_IDS",
     "Option",
     "TextEnv",
     "UnknownEnvError",
@@ -33,6 +32,7 @@ __all__ = [
     "env_options",
     "make",
     "options",
+    "own_ids",
     "register_all",
     "text_space",
 ]

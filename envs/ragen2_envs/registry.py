@@ -2,12 +2,13 @@
 
 An id is found, in this order:
 
-1. ragen2's own (``ENV_IDS``), registered with gymnasium when ``ragen2_envs`` is imported;
+1. an id an installed package declares in the entry-point group ``ragen2.envs``
+   (``"<id>" = "<module>:<TextEnv subclass>"``), registered with gymnasium when ``ragen2_envs`` is imported
+   (or on first use, for a package installed after that); the module is imported only when the env is made
+   or its options are read. ragen2 declares its own this way (``own_ids``: pyproject.toml, read from the
+   source tree where ragen2 is not installed), so built-in and user environments take one path;
 2. an id already in gymnasium's registry (a package imported beforehand called ``gymnasium.register``);
-3. an id an installed package declares in the entry-point group ``ragen2.envs``
-   (``"<id>" = "<module>:<TextEnv subclass>"``), registered with gymnasium on first use; the module is
-   imported only when the env is made or its options are read;
-4. gymnasium's ``<module>:<id>`` form: ``<module>`` is imported first, and registers ``<id>`` itself.
+3. gymnasium's ``<module>:<id>`` form: ``<module>`` is imported first, and registers ``<id>`` itself.
 
 Whichever way, the id must name a ``TextEnv`` subclass: the agent reads its instructions, renders its state
 and asks its oracle, and ``ragen2`` checks ``env.kwargs`` against the options its constructor declares.
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec, load_env_creator
@@ -25,20 +28,10 @@ from gymnasium.envs.registration import EnvSpec, load_env_creator
 from ragen2_envs.base import TextEnv
 from ragen2_envs.options import Option, options
 
-#: ragen2's own environments: id -> entry point; modules load only when an env is made
-ENV_IDS: dict[str, str] = {
-    "ragen2/Sokoban-v0": "ragen2_envs.sokoban.env:SokobanEnv",
-    "ragen2/FrozenLake-v0": "ragen2_envs.frozenlake.env:FrozenLakeEnv",
-    "ragen2/Bandit-v0": "ragen2_envs.bandit.env:BanditEnv",
-    "ragen2/Countdown-v0": "ragen2_envs.countdown.env:CountdownEnv",
-    "ragen2/MetaMathQA-v0": "ragen2_envs.metamathqa.env:MetaMathQAEnv",
-    "ragen2/SearchQA-v0": "ragen2_envs.searchqa.env:SearchQAEnv",
-    "ragen2/WebShop-v0": "ragen2_envs.webshop.env:WebShopEnv",
-    "ragen2/DeepCoder-v0": "ragen2_envs.deepcoder.env:DeepCoderEnv",
-    "ragen2/TwoHop-v0": "ragen2_envs.twohop.env:TwoHopEnv",
-}
-#: the entry-point group in which a package outside ragen2 declares its environments
+#: the entry-point group in which a package declares its environments (ragen2 its own, pyproject.toml)
 ENTRY_POINT_GROUP = "ragen2.envs"
+#: the source tree's pyproject.toml, read where ragen2 runs from its source folders uninstalled
+SOURCE_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 class UnknownEnvError(LookupError):
@@ -52,15 +45,36 @@ def _register(env_id: str, entry_point: str) -> None:
         gym.register(id=env_id, entry_point=entry_point, disable_env_checker=True)
 
 
+def declared_ids(dist: str | None = None) -> dict[str, str]:
+    """The ids installed packages declare in the ``ragen2.envs`` entry-point group -> their entry points;
+    ``dist`` keeps one distribution's."""
+    return {
+        ep.name: ep.value
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if dist is None or (ep.dist is not None and ep.dist.name == dist)
+    }
+
+
+def source_ids(pyproject: Path = SOURCE_PYPROJECT) -> dict[str, str]:
+    """The ids a source tree's ``pyproject.toml`` declares in the ``ragen2.envs`` group (none where there is
+    no such file): ragen2 run from its source folders on ``PYTHONPATH``, not installed (scripts/gpu_check.sh),
+    has no installed metadata to read them from."""
+    if not pyproject.is_file():
+        return {}
+    entry_points = tomllib.loads(pyproject.read_text())["project"].get("entry-points", {})
+    return dict(entry_points.get(ENTRY_POINT_GROUP, {}))
+
+
+def own_ids() -> dict[str, str]:
+    """ragen2's own environments (the ids its installed distribution declares, else its source tree's) ->
+    their entry points."""
+    return declared_ids("ragen2") or source_ids()
+
+
 def register_all() -> None:
-    """Register ragen2's own environments with gymnasium."""
-    for env_id, entry_point in ENV_IDS.items():
+    """Register every declared environment with gymnasium (their modules load only when an env is made)."""
+    for env_id, entry_point in {**own_ids(), **declared_ids()}.items():
         _register(env_id, entry_point)
-
-
-def declared_ids() -> dict[str, str]:
-    """The ids installed packages declare in the ``ragen2.envs`` entry-point group -> their entry points."""
-    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def _spec(env_id: str) -> EnvSpec:
@@ -82,8 +96,8 @@ def _spec(env_id: str) -> EnvSpec:
     if spec is None:
         raise UnknownEnvError(
             f"env.id={env_id!r} is not a ragen2 environment. Fix: env=<name> (a config of the env group), an id "
-            f"of {', '.join(sorted(ENV_IDS))}, or an id your package registers (the {ENTRY_POINT_GROUP} entry "
-            "points, gymnasium.register, or <module>:<id> to import the module that registers it)"
+            f"of {', '.join(sorted(own_ids()))}, or an id your package registers (the {ENTRY_POINT_GROUP} entry points, "
+            "gymnasium.register, or <module>:<id> to import the module that registers it)"
         )
     return spec
 

@@ -15,12 +15,11 @@ import importlib.util
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ragen2 import CONF_DIR
+from ragen2 import CONF_DIR, user_conf_dirs
 from ragen2.errors import ConfigError
 from ragen2.log import log
 from ragen2.run_folder import check_writable, run_folders
@@ -55,9 +54,7 @@ def user_conf() -> list[str]:
     """The folders of the user's own configs (``RAGEN2_CONF=<folder>[:<folder>…]``), as Hydra search-path
     entries: each program's primary config puts them on ``hydra.searchpath``, after ragen2's own tree, so
     ``env=<name>`` also finds ``<folder>/env/<name>.yaml``. A folder that is not there is refused."""
-    folders = [
-        Path(f).expanduser().absolute() for f in os.environ.get("RAGEN2_CONF", "").split(os.pathsep) if f
-    ]
+    folders = user_conf_dirs()
     for folder in folders:
         if not folder.is_dir():
             raise ConfigError(

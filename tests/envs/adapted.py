@@ -1,6 +1,6 @@
 """The environments that adapt another package's (each an optional extra), and what their tests share.
 
-Their ids are not ragen2's own (``ENV_IDS``): their conf names them ``<module>:<id>`` as an outside package's
+Their ids are not ragen2's own (``ragen2_envs.own_ids``): their conf names them ``<module>:<id>`` as an outside package's
 would, so ragen2 runs without their packages. Each adapter's own test file runs the shared contract
 (tests/envs/test_all_envs.py) on it and trains one iteration through it; without its package those tests skip
 and say what to install, and the tests that take every conf/env/*.yaml leave these confs to them.

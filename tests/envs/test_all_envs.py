@@ -85,7 +85,7 @@ def fuzz_actions(rng: np.random.Generator, count: int = 1000) -> list[str]:
 
 
 # ragen2's own, the test package's, and any that an installed package declares (its env is checked here too)
-ALL_IDS = sorted({*ragen2_envs.ENV_IDS, *OUTSIDE_IDS, *ragen2_envs.declared_ids()})
+ALL_IDS = sorted({*OUTSIDE_IDS, *ragen2_envs.declared_ids()})
 FUZZ_IDS = [pytest.param(i, marks=pytest.mark.slow) if i in SLOW_FUZZ_IDS else i for i in ALL_IDS]
 
 
@@ -153,7 +153,7 @@ def test_oracle_earns_reward_within_budget(env_id: str) -> None:
 def test_import_and_make_load_no_heavy_framework() -> None:
     code = (
         "import json, sys, ragen2_envs\n"
-        "for env_id in ragen2_envs.ENV_IDS:\n"
+        "for env_id in ragen2_envs.own_ids():\n"
         "    ragen2_envs.make(env_id)\n"
         "heavy = ('torch', 'lightning', 'transformers')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
@@ -163,9 +163,17 @@ def test_import_and_make_load_no_heavy_framework() -> None:
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
+def test_ragen2s_own_envs_are_declared_in_its_entry_points_as_its_source_tree_declares_them() -> None:
+    # installed (editable here): the metadata's entry points; from the source folders alone: pyproject.toml
+    installed = ragen2_envs.declared_ids("ragen2")
+    assert installed == ragen2_envs.registry.source_ids() == ragen2_envs.own_ids()
+    assert installed["ragen2/TwoHop-v0"] == "ragen2_envs.twohop.env:TwoHopEnv" and len(installed) == 9
+    assert ragen2_envs.registry.source_ids(Path("/nonexistent/pyproject.toml")) == {}
+
+
 def test_every_registered_env_has_a_config() -> None:
     configured = {OmegaConf.load(path).id for path in CONF_FILES}
-    assert set(ragen2_envs.ENV_IDS) <= configured, set(ragen2_envs.ENV_IDS) - configured
+    assert set(ragen2_envs.own_ids()) <= configured, set(ragen2_envs.own_ids()) - configured
 
 
 @pytest.mark.parametrize("path", CONF_FILES, ids=[p.stem for p in CONF_FILES])
@@ -173,7 +181,7 @@ def test_env_config_shape_and_make(path: Path) -> None:
     cfg = compose([f"env={path.stem}"]).env
     keys = {"id", "max_turns", "max_actions_per_turn", "step_timeout_s", "kwargs", "tools"}
     assert set(cfg.keys()) == keys, path.name
-    assert cfg.id in ragen2_envs.ENV_IDS
+    assert cfg.id in ragen2_envs.own_ids()
     assert int(cfg.max_turns) >= 1 and int(cfg.max_actions_per_turn) >= 1
     kwargs = OmegaConf.to_container(cfg.kwargs) if cfg.kwargs is not None else {}
     assert isinstance(kwargs, dict)

@@ -166,6 +166,18 @@ def test_an_install_without_editable_mode_composes_the_same_config(tmp_path: Pat
     assert installed.returncode == 0, installed.stderr
     here = _program([str(BIN / "ragen2-train"), "--cfg", "job"], tmp_path)
     assert installed.stdout == here.stdout and "env:\n  id: ragen2/FrozenLake-v0\n" in installed.stdout
+    # the wheel declares ragen2's own environments in its entry points, and the registry makes them from there
+    code = (
+        "import importlib.metadata as m, ragen2_envs\n"
+        "wheel = m.distribution('ragen2')\n"
+        "print(wheel.locate_file(''), sorted(e.name for e in wheel.entry_points if e.group == 'ragen2.envs'))\n"
+        "print(type(ragen2_envs.make('ragen2/FrozenLake-v0')).__name__)\n"
+    )
+    made = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    where_from, own = made.stdout.splitlines()[0].split(" ", 1)
+    assert Path(where_from) == Path(purelib) and "'ragen2/TwoHop-v0'" in own and own.count("ragen2/") == 9
+    assert made.stdout.splitlines()[1] == "FrozenLakeEnv"
 
 
 @pytest.fixture(scope="module")

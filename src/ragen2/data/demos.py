@@ -19,14 +19,13 @@ model loads:
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ragen2_envs
 from ragen2_envs.base import TextEnv
 
-from ragen2 import CONF_DIR
+from ragen2 import CONF_DIR, user_conf_dirs
 from ragen2.agent.episode import Episode
 from ragen2.agent.parsing import ACTION_SEP
 from ragen2.agent.runner import EpisodeRunner
@@ -62,20 +61,25 @@ def demo_seeds(seed: int, n: int) -> list[int]:
 
 
 def _explains(env_id: str) -> bool:
-    """Whether the env's class says why its solver's moves fit (overrides ``oracle_reasoning``)."""
-    module, name = ragen2_envs.ENV_IDS[env_id].split(":")
-    cls = getattr(importlib.import_module(module), name)
+    """Whether the env's class says why its solver's moves fit (overrides ``oracle_reasoning``); False for
+    an id that does not load here (a package not installed)."""
+    try:
+        cls = ragen2_envs.env_class(env_id)
+    except (ImportError, LookupError):
+        return False
     return cls.oracle_reasoning is not TextEnv.oracle_reasoning
 
 
 def demonstrable_envs() -> list[str]:
-    """The ``conf/env`` choices whose env has a solver that explains its moves."""
+    """The ``env`` group's choices, ragen2's and the user's own (``RAGEN2_CONF``), whose env has a solver
+    that explains its moves."""
     from omegaconf import OmegaConf
 
-    ids = {env_id for env_id in ragen2_envs.ENV_IDS if _explains(env_id)}
-    return sorted(
-        p.stem for p in (CONF_DIR / "env").glob("*.yaml") if OmegaConf.select(OmegaConf.load(p), "id") in ids
-    )
+    folders = [CONF_DIR, *user_conf_dirs()]
+    ids = {
+        p.stem: OmegaConf.select(OmegaConf.load(p), "id") for f in folders for p in (f / "env").glob("*.yaml")
+    }
+    return sorted(name for name, env_id in ids.items() if isinstance(env_id, str) and _explains(env_id))
 
 
 #: demonstration instances ``check_solver`` tries: an env may have instances with no move (TwoHop's impossible)

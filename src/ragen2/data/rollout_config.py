@@ -26,9 +26,9 @@ class EnvConfig:
     """``env.*``: the environment, its constructor's knobs and the agent's limits on it."""
 
     id: str
-    """An environment id: one of ragen2's own (``ragen2_envs.ENV_IDS``, e.g. ragen2/Sokoban-v0), or one a
-    package outside ragen2 registers (``ragen2_envs.registry``: the ``ragen2.envs`` entry points,
-    ``gymnasium.register``, ``<module>:<id>``)."""
+    """An environment id: one of ragen2's own (``ragen2_envs.own_ids``, e.g. ragen2/Sokoban-v0), or one a
+    package outside ragen2 registers (``ragen2_envs.registry``: the ``ragen2.envs`` entry points, as ragen2
+    declares its own, ``gymnasium.register``, ``<module>:<id>``)."""
     max_turns: int = 5
     """Turns per episode: the env's own limit, capped by ``max_turns_cap`` (conf/env/*.yaml)."""
     max_actions_per_turn: int = 2

@@ -299,7 +299,7 @@ def test_each_group_is_handed_over_once_as_soon_as_it_has_ended(tokenizer) -> No
     assert len({calls for calls, _, _ in handed}) > 1  # some groups were handed over before others ended
 
 
-@pytest.mark.parametrize("env_id", list(ragen2_envs.ENV_IDS))
+@pytest.mark.parametrize("env_id", sorted(ragen2_envs.own_ids()))
 def test_every_rollout_of_a_group_sees_the_same_first_prompt(tokenizer, env_id: str) -> None:
     # DeepCoder runs a sandbox on every answer: give it responses with no answer (no env step)
     # (and one action per turn: the runner's multi-move oracle plan would step a copy of the env)

@@ -4,6 +4,7 @@ the solver's actions; prompts as the agent renders them; the loss mask on the re
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,22 @@ def _runner(env: EnvConfig, tokenizer: Any, max_new_tokens: int = 64) -> Episode
 
 def test_the_envs_with_a_solver_that_explains_its_moves() -> None:
     assert demonstrable_envs() == ["bandit", "countdown", "frozenlake", "sokoban", "sokoban_8x8", "twohop"]
+
+
+def test_a_users_env_with_such_a_solver_is_suggested_too(
+    outside_envs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the outside package declares outside/Guess-v0 in its entry points, its conf folder names it env=guess
+    monkeypatch.setenv("RAGEN2_CONF", str(outside_envs[1]))
+    assert demonstrable_envs() == [
+        "bandit",
+        "countdown",
+        "frozenlake",
+        "guess",
+        "sokoban",
+        "sokoban_8x8",
+        "twohop",
+    ]
 
 
 def test_demonstration_seeds_are_no_training_or_held_out_instance() -> None:

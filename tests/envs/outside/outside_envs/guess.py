@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar
 
 from ragen2_envs import TextEnv
@@ -54,3 +55,7 @@ class GuessEnv(TextEnv):
 
     def oracle_action(self) -> str | None:
         return str((self.low + self.top) // 2)
+
+    def oracle_reasoning(self, actions: Sequence[str]) -> str | None:
+        """Halving: the guess in the middle of what is left (a warm start can demonstrate it)."""
+        return f"The secret is from {self.low} to {self.top}, so {actions[0]} halves it." if actions else None
