@@ -38,6 +38,7 @@ API: dict[str, tuple[str, str, bool]] = {
     "api/diagnostics.md": ("ragen2.diagnostics", "src/ragen2/diagnostics", False),
     "api/grids.md": ("ragen2.grids", "src/ragen2/grids", False),
     "api/integrations.md": ("ragen2.integrations", "src/ragen2/integrations", False),
+    "api/lifecycle.md": ("ragen2.lifecycle", "src/ragen2/lifecycle", False),
     "api/models.md": ("ragen2.models", "src/ragen2/models", False),
     "api/modules.md": ("ragen2.modules", "src/ragen2/modules", False),
     "api/rollout.md": ("ragen2.rollout", "src/ragen2/rollout", False),

@@ -616,7 +616,7 @@ def test_a_run_folder_holding_a_run_is_continued_only_when_ckpt_path_says_so(
 
 
 def test_which_ckpt_path_continues_the_run_in_its_folder(tmp_path: Path) -> None:
-    from ragen2.run_folder import continues, held_run
+    from ragen2.lifecycle.folder import continues, held_run
 
     run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
     assert held_run(run_dir, checkpoints) is None
@@ -791,7 +791,7 @@ def test_a_checkpoint_that_cannot_continue_is_one_line_before_a_model_loads(
 def test_a_resume_with_other_settings_warns_once_per_setting(
     grpo_checkpoint: Path, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    from ragen2.checkpoint_fit import check_resume
+    from ragen2.lifecycle.checkpoint_fit import check_resume
 
     cfg = compose(
         ["model=tiny", "algo=dapo", "algo.optim.lr=1e-5", "rollout.temperature=0.7", "env.kwargs.size=5"],

@@ -48,7 +48,7 @@ def hydra_program(prog: str, config_name: str, task: Callable[[DictConfig], obje
         except (
             Exception
         ):  # a job that fails before its record is written (a refused setting) is still on file
-            from ragen2.run_folder import write_hydra_record
+            from ragen2.lifecycle.folder import write_hydra_record
 
             write_hydra_record(cfg, fresh_only=True)
             raise

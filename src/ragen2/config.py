@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ragen2 import CONF_DIR, user_conf_dirs
 from ragen2.errors import ConfigError
+from ragen2.lifecycle.folder import check_writable, run_folders
 from ragen2.log import log
-from ragen2.run_folder import check_writable, run_folders
 from ragen2.settings import (
     MOVED,
     check_overrides,

@@ -29,9 +29,9 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from ragen2.cli import hydra_program, task_overrides  # noqa: E402
 from ragen2.config import check_top_level  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
+from ragen2.lifecycle.folder import claim  # noqa: E402
 from ragen2.log import log  # noqa: E402
 from ragen2.outputs import Output, check_output, check_outside  # noqa: E402
-from ragen2.run_folder import claim  # noqa: E402
 from ragen2.settings import check_type, settings  # noqa: E402
 
 

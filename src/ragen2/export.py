@@ -23,8 +23,8 @@ from pathlib import Path
 from ragen2._env import set_defaults
 from ragen2.cli import ProgramParser
 from ragen2.errors import ConfigError
+from ragen2.lifecycle.folder import LOCK, holding
 from ragen2.outputs import check_apart, check_no_run, replacing_folder, unwritable
-from ragen2.run_folder import LOCK, holding
 
 # ragen2-export --help
 ABOUT = (

@@ -8,7 +8,7 @@ first step a (re)started logger writes is where the run resumed; history at or a
   it in place whenever a column appears. This one keeps the file (and its columns), before its first write
   drops the rows whose step is at or after the first step it is about to write, so each iteration appears
   exactly once, and replaces the file only by writing beside it and renaming. A new run never starts over
-  another run's rows: ``ragen2.run_folder`` refuses a folder that holds a run unless ``ckpt_path``
+  another run's rows: ``ragen2.lifecycle.folder`` refuses a folder that holds a run unless ``ckpt_path``
   continues it.
 - ``TensorBoardLogger``: a restart writes a new events file beside the old ones; this one marks its
   first step with a ``SessionLog.START`` event, TensorBoard's own restart marker (the event
@@ -26,7 +26,7 @@ first step a (re)started logger writes is where the run resumed; history at or a
   database store they stay, as in wandb). MLflow 3 refuses a file store unless
   ``MLFLOW_ALLOW_FILE_STORE`` is true: the logger sets it for its process unless it is set already.
 - ``save_before_requeue``: submitit's USR2 handler requeues the job, and SLURM kills every process of it at
-  once; a step put in front of that handler (``ragen2.resume.requeue_plugins``) first has each logger write
+  once; a step put in front of that handler (``ragen2.lifecycle.resume.requeue_plugins``) first has each logger write
   out what it holds.
 
 Steps are Lightning's ``_batches_that_stepped``, one per RL iteration here, restored from the checkpoint.

@@ -14,13 +14,13 @@ setting and the fix, a destination
 and then creates the destination's folder (a whole folder's parent). ``write_atomic`` writes a result beside its destination
 (``.<name>.<pid>.tmp``), flushes and fsyncs it, renames it into place (``os.replace``, atomic within a
 folder) and fsyncs the folder: a full disk or a kill mid-write leaves the previous file or none, never part
-of one. Checkpoints are saved through the same ``replacing`` (``ragen2.callbacks.checkpoint``). A model
+of one. Checkpoints are saved through the same ``replacing`` (``ragen2.lifecycle.checkpoint``). A model
 folder is built beside its destination and swapped in (``replacing_folder``): a failure before the swap
 leaves the old folder whole.
 
 ``ragen2-eval``, ``ragen2-diagnose`` and ``ragen2-warmstart`` guard their ``output`` with it, ``ragen2-export``
 its destination with ``check_apart``, ``run_files`` and ``replacing_folder``; a training run's folder has its
-own guard (``ragen2.run_folder``).
+own guard (``ragen2.lifecycle.folder``).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from omegaconf import DictConfig  # noqa: E402
 
 from ragen2.cli import hydra_program  # noqa: E402
 from ragen2.config import build, check_batch, validate  # noqa: E402
+from ragen2.lifecycle.folder import check_run_folder, claim, logger_metrics, write_hydra_record  # noqa: E402
+from ragen2.lifecycle.resume import requeue_plugins, run_ckpt_path  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
-from ragen2.resume import requeue_plugins, run_ckpt_path  # noqa: E402
-from ragen2.run_folder import check_run_folder, claim, logger_metrics, write_hydra_record  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -23,12 +23,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     import lightning as L
 
-    from ragen2.checkpoint_fit import check_resume  # torch and Lightning: not imported for --help, --version
+    from ragen2.lifecycle.checkpoint_fit import (
+        check_resume,  # torch and Lightning: not imported for --help, --version
+    )
     from ragen2.loggers import finish as finish_loggers
 
     quiet_lightning()
     check_run_folder(cfg)  # a folder holding another run is continued only when ckpt_path says so
-    ckpt_path = run_ckpt_path(cfg)  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/resume.py)
+    ckpt_path = run_ckpt_path(
+        cfg
+    )  # ckpt_path=auto: a requeued SLURM job resumes (ragen2/lifecycle/resume.py)
     if ckpt_path is not None:  # another env, model or critic refused; other changed settings warned
         check_resume(cfg, ckpt_path)
     # one run at a time in the folder, and in a CSV logger's own folder elsewhere

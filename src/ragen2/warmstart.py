@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from ragen2.cli import hydra_program  # noqa: E402
 from ragen2.config import build, check_seed_and_cap, check_top_level  # noqa: E402
+from ragen2.lifecycle.folder import check_writable, claim  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
 from ragen2.outputs import Output, check_output, replacing_folder  # noqa: E402
-from ragen2.run_folder import check_writable, claim  # noqa: E402
 from ragen2.settings import check_target_types, check_type, settings  # noqa: E402
 
 

@@ -18,7 +18,7 @@ from integration.conftest import FAST
 from integration.test_output_guard import _hashes
 from ragen2.config import compose
 from ragen2.errors import ConfigError
-from ragen2.run_folder import LOCK
+from ragen2.lifecycle.folder import LOCK
 
 FAULTS = ("holds results", "unwritable", "holds the input", "second writer", "disk full")
 DESTINATIONS = (

@@ -1,4 +1,4 @@
-"""One program per folder at a time (``ragen2.run_folder.claim``), and Hydra's record written only once the checks
+"""One program per folder at a time (``ragen2.lifecycle.folder.claim``), and Hydra's record written only once the checks
 pass: two real ``ragen2-train`` runs into one folder (the second refused in one line naming the first), a lock
 left by a killed run (taken over), a requeued SLURM job's own lock (taken back) and another job's (refused), a
 resume with another seed (refused before anything is written), and the lock file's rules on their own."""
@@ -19,7 +19,7 @@ import pytest
 from integration.conftest import FAST
 from integration.test_output_guard import _hashes as every_hash
 from ragen2.errors import ConfigError
-from ragen2.run_folder import LOCK, Holder, job_rank, release, take
+from ragen2.lifecycle.folder import LOCK, Holder, job_rank, release, take
 
 TRAIN = [sys.executable, "-m", "ragen2.train", *FAST]
 

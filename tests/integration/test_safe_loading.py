@@ -19,8 +19,8 @@ import torch
 
 from ragen2.config import compose
 from ragen2.errors import ConfigError
+from ragen2.lifecycle.resume import resolve_ckpt_path
 from ragen2.models.checkpoint import load_policy, read_checkpoint
-from ragen2.resume import resolve_ckpt_path
 
 FAST = ("model=tiny", "rollout=scripted", "trainer.limit_val_batches=0", "callbacks.curves=null")
 

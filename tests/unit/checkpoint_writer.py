@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from ragen2.callbacks.checkpoint import LastCheckpoint
+from ragen2.lifecycle.checkpoint import LastCheckpoint
 
 WEIGHT_BYTES = 16_000_000 * 4  # the frozen float32 weights below: every checkpoint is larger than this
 

@@ -22,9 +22,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from ragen2.callbacks import LastCheckpoint
-from ragen2.callbacks.checkpoint import DiskFullError, write_checkpoint
+from ragen2.lifecycle.checkpoint import DiskFullError, write_checkpoint
+from ragen2.lifecycle.resume import last_checkpoint
 from ragen2.models.checkpoint import read_checkpoint
-from ragen2.resume import last_checkpoint
 from unit.checkpoint_writer import WEIGHT_BYTES, one_batch_trainer
 
 HERE = Path(__file__).resolve().parent
@@ -107,9 +107,9 @@ def test_a_full_disk_stops_the_run_and_keeps_the_save_before(tmp_path: Path) -> 
     )
     assert done.returncode != 0
     # torch alone says "unexpected pos …"; the error names the folder, the cause and the sizes
-    (line,) = [line for line in done.stderr.splitlines() if line.startswith("ragen2.callbacks.checkpoint.")]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("ragen2.lifecycle.checkpoint.")]
     assert line.startswith(
-        f"ragen2.callbacks.checkpoint.DiskFullError: callbacks.checkpoint.dirpath={folder}: the file-size "
+        f"ragen2.lifecycle.checkpoint.DiskFullError: callbacks.checkpoint.dirpath={folder}: the file-size "
         "limit (ulimit -f) is reached (File too large): the checkpoint needs about 64 MB, "
     ), line
     assert "last.ckpt was not written; the checkpoints already there are kept. Fix: " in line

@@ -14,8 +14,8 @@ import torch
 
 from ragen2.config import compose
 from ragen2.errors import ConfigError
+from ragen2.lifecycle.resume import checkpoint_dir, requeue_plugins, resolve_ckpt_path, run_ckpt_path
 from ragen2.loggers import CSVLogger, TensorBoardLogger, rows_before, wandb_run_id
-from ragen2.resume import checkpoint_dir, requeue_plugins, resolve_ckpt_path, run_ckpt_path
 
 SLURM_JOB = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}
 SUBMITIT_LOCAL_JOB = {"SUBMITIT_EXECUTOR": "local"}
@@ -201,7 +201,7 @@ def test_csv_keeps_history_and_logs_each_step_once(tmp_path: Path) -> None:
 
 def test_csv_restart_from_step_0_replaces_the_attempts_rows(tmp_path: Path) -> None:
     # a requeued job that saved no checkpoint starts over; another run is refused such a folder at start-up
-    # (ragen2.run_folder), so the rows replaced are the job's own earlier attempt's
+    # (ragen2.lifecycle.folder), so the rows replaced are the job's own earlier attempt's
     old = _csv_logger(tmp_path)
     for step in range(3):
         old.log_metrics({"x": 1.0}, step=step)
@@ -299,7 +299,7 @@ def test_loggers_are_saved_before_submitit_requeues(tmp_path: Path, monkeypatch:
 # signal lands inside a finalizer (here a __del__ that signals its own process), where Python drops exceptions
 REQUEUE_IN_A_FINALIZER = """
 import signal, sys
-from ragen2.resume import _SaveFirst
+from ragen2.lifecycle.resume import _SaveFirst
 
 def requeue(sig, frame):
     print("requeued", flush=True)

@@ -47,9 +47,17 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ragen2.errors import ConfigError, exit_one_line
+from ragen2.lifecycle.resume import (
+    AUTO,
+    HPC,
+    LAST,
+    checkpoint_dir,
+    hpc_checkpoint,
+    last_checkpoints,
+    restartable_job,
+)
 from ragen2.log import log
 from ragen2.outputs import METRICS, unwritable, write_atomic
-from ragen2.resume import AUTO, HPC, LAST, checkpoint_dir, hpc_checkpoint, last_checkpoints, restartable_job
 
 
 def run_folders(cfg: DictConfig) -> list[tuple[str, str]]:
@@ -191,7 +199,7 @@ class RunFolder(Callback):
     """Hydra callback (conf/train.yaml): the run folder's checks before Hydra writes into it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from ragen2.checkpoint_fit import check_iterations_left  # torch: not imported for --help
+        from ragen2.lifecycle.checkpoint_fit import check_iterations_left  # torch: not imported for --help
 
         job = _job_config(config, Path(str(config.hydra.run.dir)).absolute())
         _one_line(

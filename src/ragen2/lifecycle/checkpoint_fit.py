@@ -22,12 +22,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ragen2.errors import ConfigError
+from ragen2.lifecycle.resume import AUTO, run_ckpt_path
 from ragen2.log import log
 from ragen2.models.checkpoint import POLICY_PREFIX, another_model, read_checkpoint
 from ragen2.models.loading import skeleton
 from ragen2.models.lora import LoRAConfig
 from ragen2.modules.run_state import KEY
-from ragen2.resume import AUTO, run_ckpt_path
 from ragen2.settings import shown
 
 CRITIC_PREFIX = "critic."
@@ -37,7 +37,7 @@ _GROUP_KEYS = {"lr": "initial_lr", "weight_decay": "weight_decay", "grad_clip": 
 
 def check_resume(cfg: DictConfig, ckpt_path: str) -> None:
     """Refuse a checkpoint the configured run cannot continue from; warn on each setting that differs
-    (``ckpt_path``: as ``ragen2.resume`` resolved it, a file that loads with finite weights)."""
+    (``ckpt_path``: as ``ragen2.lifecycle.resume`` resolved it, a file that loads with finite weights)."""
     state = read_checkpoint(ckpt_path, key="ckpt_path", finite=False)  # mapped: no weight is read here
     where = f"ckpt_path={ckpt_path}"
     data, run = state.get("RolloutDataModule") or {}, state.get(KEY) or {}

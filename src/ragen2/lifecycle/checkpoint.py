@@ -7,7 +7,7 @@
   previous files whole, a half-written temporary file that nothing reads (the next save removes it), or, in
   the instant between the two renames, ``last.1.ckpt`` alone. Lightning's own save staged the file in
   ``$TMPDIR`` and, where that is another filesystem (a node-local /tmp, a shared run folder), copied it over
-  ``last.ckpt``: a kill mid-copy left it truncated. ``ckpt_path=auto``/``last`` (``ragen2.resume``) take the
+  ``last.ckpt``: a kill mid-copy left it truncated. ``ckpt_path=auto``/``last`` (``ragen2.lifecycle.resume``) take the
   newest ``last*.ckpt`` that loads.
 - **A full disk** (``ENOSPC``, a quota, a file-size limit): the temporary file is removed, the previous saves
   stay as they were, and the run stops with ``DiskFullError``, one line naming the folder, the space the save
@@ -44,9 +44,9 @@ from torch.distributed.tensor import DTensor
 
 from ragen2.distributed import Ranks
 from ragen2.errors import ConfigError
+from ragen2.lifecycle.resume import last_checkpoints, rotated
 from ragen2.log import log
 from ragen2.outputs import replacing
-from ragen2.resume import last_checkpoints, rotated
 
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM  # the shell's status for a process ended by SIGTERM
 
