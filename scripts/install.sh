@@ -34,7 +34,7 @@ esac
 # checkout with the same pyproject.toml, the same script and the same settings, and its packages are there,
 # pip is skipped (about 35 s). Delete $venv/.ragen2-install to install again anyway.
 stamp_file="$venv/.ragen2-install"
-stamp="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1) $device $torch_spec $vllm_build $PWD"
+stamp="$(cat pyproject.toml setup.py scripts/install.sh | sha256sum | cut -d' ' -f1) $device $torch_spec $vllm_build $PWD"
 # the vLLM package is checked on Linux, where either build installs it (the same check ends the install)
 with_vllm=false
 if [ "$vllm_build" != none ] && [ "$(uname -s)" = Linux ]; then with_vllm=true; fi

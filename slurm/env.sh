@@ -1,4 +1,4 @@
-# Sourced by every SLURM job before srun (src/ragen2/conf/hydra/launcher/slurm.yaml `setup`), and usable by hand:
+# Sourced by every SLURM job before srun (conf/hydra/launcher/slurm.yaml `setup`), and usable by hand:
 #   source slurm/env.sh
 # Put your cluster's `module load ...` lines at the end.
 _ragen2_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

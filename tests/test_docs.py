@@ -16,8 +16,8 @@ from markdown.extensions.toc import slugify
 
 ROOT = Path(__file__).resolve().parents[1]
 METHOD = ROOT / "docs" / "method.md"
-# where the method spec is cited: source, configs, tests, benchmarks, notebooks and every doc
-CITING = ("src", "envs", "tests", "bench", "notebooks", "docs", "scripts", "slurm")
+# where the method spec is cited: source, configs (conf/), tests, benchmarks, notebooks and every doc
+CITING = ("src", "conf", "envs", "tests", "bench", "notebooks", "docs", "scripts", "slurm")
 CITING_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".ipynb", ".sh", ".toml"}
 
 

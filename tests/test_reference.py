@@ -27,7 +27,7 @@ from ragen2 import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "ragen2"
-CONF = SRC / "conf"
+CONF = ROOT / "conf"
 PAGE = ROOT / "docs" / "reference" / "configuration.md"
 
 

@@ -9,7 +9,7 @@ uses, compressed) into ``results/organism/runs/``.
     python results/organism/run.py list main          (the runs and their commands, nothing run)
 
 The same grids as Hydra multiruns, e.g. on SLURM: ``ragen2-train -m +sweep=organism_pilot hydra/launcher=slurm``
-(``src/ragen2/conf/sweep/organism_*.yaml``).
+(``conf/sweep/organism_*.yaml``).
 """
 
 from __future__ import annotations

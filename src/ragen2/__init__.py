@@ -4,8 +4,10 @@ that any of them may read the config trees' files without importing ``ragen2.con
 import os
 from pathlib import Path
 
-#: ragen2's config tree, inside the package (an install without -e has it too)
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+_PACKAGE = Path(__file__).resolve().parent
+#: ragen2's config tree: conf/ at the source tree's root (an editable install, or src/ on PYTHONPATH), which a
+#: wheel ships inside the package as ragen2/conf (pyproject.toml's package-dir)
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parents[1] / "conf"
 
 
 def user_conf_dirs() -> list[Path]:

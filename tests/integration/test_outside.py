@@ -130,9 +130,9 @@ def test_an_install_without_editable_mode_composes_the_same_config(tmp_path: Pat
     ).stdout.strip()
     (Path(purelib) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     source = tmp_path / "source"
-    for folder in ("src", "envs"):
+    for folder in ("src", "envs", "conf"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAGEN2_CONF")}
     install = [
