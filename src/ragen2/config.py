@@ -2,7 +2,7 @@
 
 Each consumer gets one validated object for its node (``algo`` -> ``AlgoConfig``, ``rollout`` ->
 ``RolloutConfig``, ``filter`` -> ``GroupFilter``, …), built by ``ragen2.settings.settings``. Here,
-``validate`` checks the composed config before anything is built (moved keys, the run's own keys, the device
+``validate`` checks the composed config before anything is built (the run's own keys, the device
 count, the folders the run writes, the types of what each ``_target_`` is given), ``check_batch`` what spans
 two objects (the mini-batch against the batch), and ``compose`` gives the config a program would run with.
 The programs' front door is ``ragen2.cli``.
@@ -24,11 +24,9 @@ from ragen2.errors import ConfigError
 from ragen2.lifecycle.folder import check_writable, run_folders
 from ragen2.log import log
 from ragen2.settings import (
-    MOVED,
     check_overrides,
     check_target_types,
     check_type,
-    moved_to,
     settings,
     shown,
     unknown_key,
@@ -114,13 +112,8 @@ def build(node: Any, **kwargs: Any) -> Any:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks before anything is built: keys that moved, the run's own keys, the sampling temperature, the
+    """Checks before anything is built: the run's own keys, the sampling temperature, the
     ranks, the precision, the folders the run writes, the types of what each ``_target_`` is given."""
-    for old in MOVED:
-        parent, _, leaf = old.rpartition(".")
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        if isinstance(node, DictConfig) and leaf in node:
-            raise ConfigError(f"{moved_to(old)} (a config file sets {old})")
     _check_nodes(cfg)
     check_top_level(cfg)
     _check_run_keys(cfg)

@@ -1,11 +1,11 @@
 """The typed check of settings: each config node against the object that reads it, before it is built.
 
 ``settings(cls, node, key)`` builds a dataclass from its config node, refusing a key the class does not
-have (with the name meant, or where a moved key went) and a value whose type does not fit the field's
+have (with the name meant) and a value whose type does not fit the field's
 annotation (a float for an int, text for a number, a number for a bool, nan or ±inf anywhere).
 ``check_target_types`` does the same for what each ``_target_`` node of a composed config hands its
-callable, and ``check_overrides`` for command-line overrides of keys that moved or were removed, before
-Hydra sees them.
+callable, and ``check_overrides`` for the command-line overrides Hydra would take wrongly (a key that only
+points at another) or refuse without the fix (``+`` on a group that exists), before Hydra sees them.
 Every refusal is a ``ConfigError`` of one line: ``<key>=<value> … Fix: …``.
 """
 
@@ -28,66 +28,37 @@ from ragen2.errors import ConfigError
 
 T = TypeVar("T")
 
-#: keys that moved: old -> (new, why)
-MOVED: dict[str, tuple[str, str]] = {
-    "filter.loss_scaling": ("algo.loss_scaling", "it scales the update, not the selection"),
-    "filter.max_empty_iterations": ("algo.max_empty_iterations", "the update counts empty batches"),
-    "algo.critic_optim": ("algo.critic", "the critic holds its own lr, weight_decay and grad_clip"),
-    "algo.vf_coef": ("algo.critic.vf_coef", "the critic weighs its own loss"),
-    "algo.value_clip": ("algo.critic.value_clip", "the critic clips its own loss"),
-    "algo.critic_warmup_iterations": ("algo.critic.warmup_iterations", "the critic owns its warm-up"),
-}
-#: command-line keys that now only point at another key (data.sampling: ${algo.sampling})
+#: keys that only point at another (data.sampling: ${algo.sampling}): set on the command line, they would cut
+#: the link, so the override is refused with the key to set
 REDIRECTED: dict[str, tuple[str, str]] = {
     "data.sampling": ("algo.sampling", "DAPO's dynamic sampling is part of the algorithm"),
     "data.shaping": ("algo.shaping", "DAPO's overlong shaping is part of the algorithm"),
 }
+#: ``+`` on a group every config already has: Hydra's own error does not say to drop the ``+``
 RESPELLED: dict[str, str] = {
     "+algo/critic": "algo/critic=<name> without '+' (every algo has a critic default: null, value_head for ppo)",
     "+algo/kl_reward": "algo/kl_reward=<name> without '+' (every algo has a kl_reward default: null)",
 }
 
-#: keys that are gone: old -> (why, the fix)
-REMOVED: dict[str, tuple[str, str]] = {
-    "callbacks.collapse.retrieval_fraction": (
-        "the input-dependence axis reads the contrast alone, which does not saturate as retrieval does",
-        "drop it (callbacks.collapse.mi_fraction now applies to the contrast)",
-    ),
-}
 
-
-def _entry(key: str, table: Mapping[str, tuple[str, str]]) -> str | None:
-    """The key of ``table`` that is ``key`` or one of its parents, or None."""
-    return next((old for old in table if key == old or key.startswith(old + ".")), None)
-
-
-def moved_to(key: str, table: Mapping[str, tuple[str, str]] = MOVED) -> str | None:
-    """Where ``key`` lives now, with the reason, or None if it did not move."""
-    old = _entry(key, table)
+def redirected(key: str) -> str | None:
+    """Where to set ``key`` (or a key under it) that only points at another, with the reason, or None."""
+    old = next((old for old in REDIRECTED if key == old or key.startswith(old + ".")), None)
     if old is None:
         return None
-    new, why = table[old]
+    new, why = REDIRECTED[old]
     return f"{key} has moved: set {new + key[len(old) :]} instead ({why})"
 
 
-def removed(key: str) -> str | None:
-    """Why ``key`` is gone and the fix, or None if it was not removed."""
-    old = _entry(key, REMOVED)
-    if old is None:
-        return None
-    why, fix = REMOVED[old]
-    return f"{key} was removed: {why}. Fix: {fix}"
-
-
 def check_overrides(overrides: Iterable[str]) -> None:
-    """Refuse command-line overrides of keys that moved, naming the new place, or were removed, saying why
-    (Hydra would only say the key is not in the config)."""
+    """Refuse command-line overrides that Hydra would misread or refuse without the fix: a key that only
+    points at another (setting it would cut the link), and ``+`` on a group every config already has."""
     for override in overrides:
         spelled = override.split("=", 1)[0]
         if spelled in RESPELLED:
             raise ConfigError(f"{override!r}: use {RESPELLED[spelled]}")
         key = spelled.lstrip("~+")
-        moved = moved_to(key) or moved_to(key, REDIRECTED) or removed(key)
+        moved = redirected(key)
         if moved is not None:
             raise ConfigError(f"{override!r}: {moved}")
 
@@ -235,7 +206,7 @@ def settings(cls: type[T], node: object, key: str) -> T:
     """``cls(**node)`` for the config node at ``key`` (a mapping, an already built ``cls``, or None for all
     defaults), refusing keys ``cls`` does not have and values whose type does not fit the field's annotation.
 
-    The error names ``key.<name>`` with its value, where a moved key went, the keys ``cls`` knows, or the
+    The error names ``key.<name>`` with its value, the key meant or the keys ``cls`` knows, or the
     type the field takes; a node that is not a mapping is named with its value.
     """
     if isinstance(node, cls):
@@ -251,8 +222,7 @@ def settings(cls: type[T], node: object, key: str) -> T:
         if name in fields:
             check_type(f"{key}.{name}", value, *fields[name])
             continue
-        moved = moved_to(f"{key}.{name}") or removed(f"{key}.{name}")
-        raise ConfigError(moved) if moved else unknown_key(f"{key}.{name}", value, fields)
+        raise unknown_key(f"{key}.{name}", value, fields)
     return cls(**values)
 
 
@@ -279,8 +249,6 @@ def check_target_types(cfg: DictConfig) -> None:
             child = node._get_node(name)
             assert child is not None  # name is one of the node's own keys
             raw = child._value()
-            if name not in defaults and (gone := removed(f"{path}{name}")) is not None:
-                raise ConfigError(gone)  # a config file that still sets it
             if name not in defaults and not takes_any:
                 raise unknown_key(f"{path}{name}", raw, defaults, f"an argument of {target}")
             if not target.startswith("ragen2.") or name not in hints:
