@@ -691,6 +691,24 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes_into_it(
         )
 
 
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["rollout.temperature=0"], "rollout.temperature=0 samples greedily"),
+        (["trainer.devices=2"], "trainer.devices=2, trainer.num_nodes=1 with trainer.strategy=None"),
+        (["+lr=0.5"], "lr=0.5 is not a key of ragen2-train's config"),
+    ],
+    ids=["temperature", "ranks", "top-level-key"],
+)
+def test_the_run_checks_refuse_on_the_command_line_before_hydra_writes_anything(
+    overrides: list[str], said: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    line = _cli_error(["model=tiny", f"hydra.run.dir={run_dir}", *overrides], tmp_path)
+    assert line.startswith(f"ragen2-train: {said}"), line
+    assert not run_dir.exists()  # neither Hydra's log nor its record of the job: the folder is not made
+
+
 # ---- resuming: the checkpoint against the settings the run is given ----------------------------------------
 @pytest.fixture(scope="module")
 def grpo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:

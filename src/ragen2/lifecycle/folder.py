@@ -14,8 +14,10 @@ is refused, naming the folder and what it holds: the logger would otherwise writ
 the first run's (``ragen2.loggers`` keeps the rows before the first step a restarted run logs).
 
 ``RunFolder`` runs both checks as a Hydra callback, before Hydra opens the run's log (a folder that cannot be
-written is one line rather than Hydra's traceback): for a single run on the run folder, for ``--multirun`` on
-the sweep folder and the job folders already in it. ``ragen2.train`` checks the run folder again for every job
+written is one line rather than Hydra's traceback): for a single run on the run folder, with the config's own
+checks (``ragen2.config.validate``), so that a refused setting leaves no folder behind; for ``--multirun`` on
+the sweep folder and the job folders already in it (each job's settings are checked in its job, and a refused
+one is on file for ``ragen2-aggregate``). ``ragen2.train`` checks the run folder again for every job
 and for runs started from Python.
 
 A program that passed its checks claims its folder (``claim``) for as long as it runs: a lock file
@@ -196,15 +198,17 @@ class OutputFolder(Callback):
 
 
 class RunFolder(Callback):
-    """Hydra callback (conf/train.yaml): the run folder's checks before Hydra writes into it."""
+    """Hydra callback (conf/train.yaml): the run's checks, its settings' and its folder's, before Hydra writes
+    into the folder."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from ragen2.config import validate
         from ragen2.lifecycle.checkpoint_fit import check_iterations_left  # torch: not imported for --help
 
         job = _job_config(config, Path(str(config.hydra.run.dir)).absolute())
         _one_line(
             config,
-            lambda: (check_writable(run_folders(job)), check_run_folder(job), check_iterations_left(job)),
+            lambda: (validate(job), check_run_folder(job), check_iterations_left(job)),
         )
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
