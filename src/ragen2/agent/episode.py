@@ -145,7 +145,8 @@ def record_messages(record: Mapping[str, Any], tokenizer: Any) -> list[dict[str,
     """A saved episode's conversation as OpenAI chat messages (what other tools read), recovered from its
     token ids: the system prompt, then each turn's user message (the text its prompt ids add to the
     context, inside the template's user-turn wrapper; ``template_fragments``) and the assistant's reply
-    (the forced ``<think>`` and the sampled text, special tokens left out). Where the ids do not decode to
+    (the forced ``<think>`` and the sampled text, special tokens left out); after a tool turn, each call's result
+    as a tool message, as the runner gave them to the template. Where the ids do not decode to
     the wrapper (a tokenizer that does not round-trip), the turn's env text stands in for the user message.
     A turn rendered anew (``offset``: rollout.layout=per_turn) holds the whole conversation: its user message
     is the last one in it.
@@ -159,26 +160,36 @@ def record_messages(record: Mapping[str, Any], tokenizer: Any) -> list[dict[str,
     first_prefix, first_suffix = tokenizer.apply_chat_template(
         head, tokenize=False, add_generation_prompt=True
     ).split(_USER)
+    # turn 1's user header: what follows the system's text (a tool turn's template renders the tools, which
+    # the record does not keep, between the two)
+    cut = first_prefix.rfind(system) if system else -1
+    first = (first_prefix[cut + len(system) :] if cut >= 0 else first_prefix, first_suffix)
     try:
         f = template_fragments(tokenizer, system)
         later = (f.user_prefix, f.user_suffix)
     except (
         ConfigError
     ):  # a template that rewrites earlier turns: its user header is the one after the system's
-        later = (first_prefix[first_prefix.rfind(system) + len(system) :], first_suffix)
+        later = first
     messages = [{"role": "system", "content": system}]
     context = 0  # ids of the context before this turn's new user text
     for n, turn in enumerate(record["turns"]):
         context = 0 if turn.get("offset") else context
-        added = decode(turn["prompt_ids"][context:], special=True)
-        prefix, suffix = (first_prefix, first_suffix) if n == 0 else later
-        tail = suffix if suffix.rstrip().endswith(THINK_OPEN) else suffix + THINK_OPEN  # as ``thinking_ids``
-        start, end = added.rfind(prefix), len(added) - len(tail)
-        fits = start >= 0 and added.endswith(tail) and start + len(prefix) <= end
-        user = added[start + len(prefix) : end] if fits else str(turn["observation"])
-        messages += [
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": THINK_OPEN + decode(turn["sampled_ids"])},
-        ]
+        calls = record["turns"][n - 1].get("tool_calls") if n else None
+        if (
+            calls
+        ):  # after a tool turn, its results are tool messages (the template wraps them; the env waited)
+            messages += [{"role": "tool", "content": c["content"]} for c in calls]
+        else:
+            added = decode(turn["prompt_ids"][context:], special=True)
+            prefix, suffix = first if n == 0 else later
+            tail = (
+                suffix if suffix.rstrip().endswith(THINK_OPEN) else suffix + THINK_OPEN
+            )  # as ``thinking_ids``
+            start, end = added.rfind(prefix), len(added) - len(tail)
+            fits = start >= 0 and added.endswith(tail) and start + len(prefix) <= end
+            user = added[start + len(prefix) : end] if fits else str(turn["observation"])
+            messages.append({"role": "user", "content": user})
+        messages.append({"role": "assistant", "content": THINK_OPEN + decode(turn["sampled_ids"])})
         context = len(turn["prompt_ids"]) + len(turn["sampled_ids"])
     return messages

@@ -12,6 +12,7 @@ import ragen2_envs
 from ragen2_envs.searchqa.env import SearchQAEnv
 
 from ragen2.agent import AgentConfig, EpisodeRunner
+from ragen2.agent.episode import record_messages
 from ragen2.agent.render import (
     ToolFragments,
     assistant_message,
@@ -220,6 +221,11 @@ def test_searchqa_succeeds_through_its_retriever_as_a_tool(qwen_tokenizer) -> No
             else:
                 chat.append({"role": "user", "content": _user_text(tok, turn.prompt_ids)})
             assert tok.decode(turn.prompt_ids) == tok.decode(turn_one_ids(tok, chat, schemas))
+        # the saved episode's conversation, as exported: the tool results are tool messages, not user ones
+        assert record_messages(ep.to_record(), tok) == [
+            *chat,
+            assistant_message(tok, ep.turns[-1].sampled_ids),
+        ]
         for turn in ep.turns:
             for call in turn.tool_calls:
                 assert call.error == "" and call.content.startswith('Search results for "')
