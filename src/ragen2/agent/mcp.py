@@ -34,7 +34,9 @@ class McpSession:
             from fastmcp import Client
             from fastmcp.client.transports import StdioTransport
         except ImportError:
-            raise ConfigError(f"{where} needs fastmcp. Fix: pip install fastmcp==4.2.3 (ragen2's mcp extra)") from None
+            raise ConfigError(
+                f"{where} needs fastmcp. Fix: pip install fastmcp==4.2.3 (ragen2's mcp extra)"
+            ) from None
         argv = shlex.split(command)
         self._devnull = open(os.devnull, "w")  # noqa: SIM115 (held open for the server's life)
         self.client = Client(StdioTransport(argv[0], argv[1:], log_file=self._devnull))
