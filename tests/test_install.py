@@ -30,7 +30,7 @@ def _install(venv: Path) -> subprocess.CompletedProcess[str]:
 def _stamp(torch_spec: str = "torch==2.13.0") -> str:
     """What the script writes after an install: its inputs' hash, the settings, the checkout."""
     digest = hashlib.sha256(
-        (ROOT / "pyproject.toml").read_bytes() + (ROOT / "scripts/install.sh").read_bytes()
+        b"".join((ROOT / name).read_bytes() for name in ("pyproject.toml", "setup.py", "scripts/install.sh"))
     )
     return f"{digest.hexdigest()} cpu {torch_spec} none {ROOT}"
 

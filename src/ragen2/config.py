@@ -2,7 +2,8 @@
 
 Each consumer gets one validated object for its node (``algo`` -> ``AlgoConfig``, ``rollout`` ->
 ``RolloutConfig``, ``filter`` -> ``GroupFilter``, …), built by ``ragen2.settings.settings``. Here,
-``validate`` checks the composed config before anything is built (the run's own keys, the device
+``validate`` (also ``SettingsCheck``, a Hydra callback, before Hydra makes a single run's folder) checks the
+composed config before anything is built (the run's own keys, the device
 count, the folders the run writes, the types of what each ``_target_`` is given), ``check_batch`` what spans
 two objects (the mini-batch against the batch), and ``compose`` gives the config a program would run with.
 The programs' front door is ``ragen2.cli``.
@@ -15,13 +16,15 @@ import importlib.util
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ragen2 import CONF_DIR, user_conf_dirs
 from ragen2.errors import ConfigError
-from ragen2.lifecycle.folder import check_writable, run_folders
+from ragen2.lifecycle.folder import check_writable, job_config, one_line, run_folders
 from ragen2.log import log
 from ragen2.settings import (
     check_overrides,
@@ -124,6 +127,16 @@ def validate(cfg: DictConfig) -> None:
     check_writable(run_folders(cfg))
     _check_env_and_model(cfg)
     check_target_types(cfg)  # last: it imports the targets' modules
+
+
+class SettingsCheck(Callback):
+    """Hydra callback (conf/train.yaml, before ``RunFolder``): ``validate`` on a single run's config before
+    Hydra makes the run folder, so that a refused setting leaves no folder behind. Under ``--multirun`` each job
+    checks its own (``ragen2.train.run``): a refused job is on file for ``ragen2-aggregate``, the others run."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        job = job_config(config, Path(str(config.hydra.run.dir)).absolute())
+        one_line(config, lambda: validate(job))
 
 
 #: nodes that hold settings; an override can replace one with a value (``algo.optim=0.1``)

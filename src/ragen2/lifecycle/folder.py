@@ -13,11 +13,10 @@ Anything else (a second ``ragen2-train hydra.run.dir=X``, ``ckpt_path=null``, a 
 is refused, naming the folder and what it holds: the logger would otherwise write the new run's rows over
 the first run's (``ragen2.loggers`` keeps the rows before the first step a restarted run logs).
 
-``RunFolder`` runs both checks as a Hydra callback, before Hydra opens the run's log (a folder that cannot be
-written is one line rather than Hydra's traceback): for a single run on the run folder, with the config's own
-checks (``ragen2.config.validate``), so that a refused setting leaves no folder behind; for ``--multirun`` on
-the sweep folder and the job folders already in it (each job's settings are checked in its job, and a refused
-one is on file for ``ragen2-aggregate``). ``ragen2.train`` checks the run folder again for every job
+``RunFolder`` runs both checks as a Hydra callback (after ``ragen2.config.SettingsCheck``, the config's own
+checks), before Hydra opens the run's log (a folder that cannot be
+written is one line rather than Hydra's traceback): for a single run on the run folder, for ``--multirun`` on
+the sweep folder and the job folders already in it. ``ragen2.train`` checks the run folder again for every job
 and for runs started from Python.
 
 A program that passed its checks claims its folder (``claim``) for as long as it runs: a lock file
@@ -173,7 +172,7 @@ def check_run_folder(cfg: DictConfig, restartable: bool | None = None) -> None:
     )
 
 
-def _job_config(config: DictConfig, run_dir: Path) -> DictConfig:
+def job_config(config: DictConfig, run_dir: Path) -> DictConfig:
     """``config`` (a Hydra callback's, with its ``hydra`` node) as a job in ``run_dir`` sees it."""
     job = OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"])
     with open_dict(job):
@@ -190,25 +189,23 @@ class OutputFolder(Callback):
             "run_dir" if "run_dir" in config else "hydra.run.dir"
         )  # the key the program's config names it by
         folder = Path(str(config.hydra.run.dir)).absolute()
-        _one_line(config, lambda: check_writable([(key, folder)]))
+        one_line(config, lambda: check_writable([(key, folder)]))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(str(config.hydra.sweep.dir)).absolute()
-        _one_line(config, lambda: check_writable([("hydra.sweep.dir", sweep)]))
+        one_line(config, lambda: check_writable([("hydra.sweep.dir", sweep)]))
 
 
 class RunFolder(Callback):
-    """Hydra callback (conf/train.yaml): the run's checks, its settings' and its folder's, before Hydra writes
-    into the folder."""
+    """Hydra callback (conf/train.yaml): the run folder's checks before Hydra writes into it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from ragen2.config import validate
         from ragen2.lifecycle.checkpoint_fit import check_iterations_left  # torch: not imported for --help
 
-        job = _job_config(config, Path(str(config.hydra.run.dir)).absolute())
-        _one_line(
+        job = job_config(config, Path(str(config.hydra.run.dir)).absolute())
+        one_line(
             config,
-            lambda: (validate(job), check_run_folder(job), check_iterations_left(job)),
+            lambda: (check_writable(run_folders(job)), check_run_folder(job), check_iterations_left(job)),
         )
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -219,12 +216,12 @@ class RunFolder(Callback):
         def check() -> None:
             check_writable([("hydra.sweep.dir", sweep)])
             for folder in sorted(p for p in sweep.iterdir() if p.is_dir()) if sweep.is_dir() else []:
-                check_run_folder(_job_config(config, folder), restartable)
+                check_run_folder(job_config(config, folder), restartable)
 
-        _one_line(config, check)
+        one_line(config, check)
 
 
-def _one_line(config: DictConfig, check: Callable[[], object]) -> None:
+def one_line(config: DictConfig, check: Callable[[], object]) -> None:
     """Run ``check``; its ``ConfigError`` ends the program with one line, before Hydra writes anything."""
     try:
         check()
