@@ -1,6 +1,6 @@
-"""The packages setuptools builds, pyproject.toml holding the rest: ``find`` alone cannot list the config tree,
-whose folder (conf/, at the root) is not inside the package it ships in (ragen2.conf). Folders without an
-``__init__.py`` (the organism's warm-start model, the config groups) are packages of data files."""
+"""The packages setuptools builds, pyproject.toml holding the rest: ``find`` alone cannot list the config
+tree, whose folder (conf/, at the root) is not inside the package it ships in (ragen2.conf). Folders without
+an ``__init__.py`` (the organism's warm-start model, the config groups) are packages of data files."""
 
 from setuptools import find_namespace_packages, setup
 

@@ -1,9 +1,9 @@
 """The programs' front door: ``--version``, the refusals of a bad command line in one line, and Hydra.
 
 ``hydra_program(prog, config_name, task)`` is a whole Hydra program (``ragen2-train``, ``ragen2-eval``,
-``ragen2-diagnose``): ``<prog> --version`` answers with ragen2's version, a key that only points at another
-is refused on the command line before Hydra composes (``command_line``), ``task`` runs on the config composed from
-``<config_name>.yaml`` of ragen2's config tree (``ragen2.CONF_DIR``, and any folder on
+``ragen2-diagnose``): ``<prog> --version`` answers with ragen2's version, a key that only points at
+another is refused on the command line before Hydra composes (``command_line``), ``task`` runs on the config
+composed from ``<config_name>.yaml`` of ragen2's config tree (``ragen2.CONF_DIR``, and any folder on
 ``hydra.searchpath``), ``<prog> --help`` prints that file's ``hydra.help`` text, and a ``ConfigError`` ends a
 single run with one line, ``<prog>: <key>=<value> … Fix: …``, not a traceback (``one_line_errors``;
 ``HYDRA_FULL_ERROR=1`` gives the traceback). Under ``--multirun`` a failed job does not stop the others of
@@ -134,9 +134,9 @@ def version_line(prog: str) -> str:
 
 
 def command_line(prog: str, hydra_main: Callable[[], None], config_name: str | None = None) -> None:
-    """An entry point: ``--version`` answers with ragen2's version (Hydra would give its own), keys that only point at
-    another on the command line, a ``RAGEN2_CONF`` folder that is not there and (for a single run of ``config_name``)
-    overrides Hydra cannot compose are refused with a one-line error, then Hydra runs."""
+    """An entry point: ``--version`` answers with ragen2's version (Hydra would give its own), keys that only
+    point at another on the command line, a ``RAGEN2_CONF`` folder that is not there and (for a single run of
+    ``config_name``) overrides Hydra cannot compose are refused with a one-line error, then Hydra runs."""
     args = sys.argv[1:]
     if "--version" in args:
         print(version_line(prog))

@@ -3,9 +3,9 @@
 Each consumer gets one validated object for its node (``algo`` -> ``AlgoConfig``, ``rollout`` ->
 ``RolloutConfig``, ``filter`` -> ``GroupFilter``, …), built by ``ragen2.settings.settings``. Here,
 ``validate`` (also ``SettingsCheck``, a Hydra callback, before Hydra makes a single run's folder) checks the
-composed config before anything is built (the run's own keys, the device
-count, the folders the run writes, the types of what each ``_target_`` is given), ``check_batch`` what spans
-two objects (the mini-batch against the batch), and ``compose`` gives the config a program would run with.
+composed config before anything is built (the run's own keys, the device count, the folders the run writes,
+the types of what each ``_target_`` is given), ``check_batch`` what spans two objects (the mini-batch against
+the batch), and ``compose`` gives the config a program would run with.
 The programs' front door is ``ragen2.cli``.
 """
 
@@ -115,8 +115,8 @@ def build(node: Any, **kwargs: Any) -> Any:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks before anything is built: the run's own keys, the sampling temperature, the
-    ranks, the precision, the folders the run writes, the types of what each ``_target_`` is given."""
+    """Checks before anything is built: the run's own keys, the sampling temperature, the ranks, the
+    precision, the folders the run writes, the types of what each ``_target_`` is given."""
     _check_nodes(cfg)
     check_top_level(cfg)
     _check_run_keys(cfg)
@@ -131,8 +131,9 @@ def validate(cfg: DictConfig) -> None:
 
 class SettingsCheck(Callback):
     """Hydra callback (conf/train.yaml, before ``RunFolder``): ``validate`` on a single run's config before
-    Hydra makes the run folder, so that a refused setting leaves no folder behind. Under ``--multirun`` each job
-    checks its own (``ragen2.train.run``): a refused job is on file for ``ragen2-aggregate``, the others run."""
+    Hydra makes the run folder, so that a refused setting leaves no folder behind. Under ``--multirun`` each
+    job checks its own (``ragen2.train.run``): a refused job is on file for ``ragen2-aggregate``, the others
+    run."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         job = job_config(config, Path(str(config.hydra.run.dir)).absolute())

@@ -145,9 +145,9 @@ def record_messages(record: Mapping[str, Any], tokenizer: Any) -> list[dict[str,
     """A saved episode's conversation as OpenAI chat messages (what other tools read), recovered from its
     token ids: the system prompt, then each turn's user message (the text its prompt ids add to the
     context, inside the template's user-turn wrapper; ``template_fragments``) and the assistant's reply
-    (the forced ``<think>`` and the sampled text, special tokens left out); after a tool turn, each call's result
-    as a tool message, as the runner gave them to the template. Where the ids do not decode to
-    the wrapper (a tokenizer that does not round-trip), the turn's env text stands in for the user message.
+    (the forced ``<think>`` and the sampled text, special tokens left out); after a tool turn, each call's
+    result as a tool message, as the runner gave them to the template. Where the ids do not decode to the
+    wrapper (a tokenizer that does not round-trip), the turn's env text stands in for the user message.
     A turn rendered anew (``offset``: rollout.layout=per_turn) holds the whole conversation: its user message
     is the last one in it.
     """
@@ -167,25 +167,22 @@ def record_messages(record: Mapping[str, Any], tokenizer: Any) -> list[dict[str,
     try:
         f = template_fragments(tokenizer, system)
         later = (f.user_prefix, f.user_suffix)
-    except (
-        ConfigError
-    ):  # a template that rewrites earlier turns: its user header is the one after the system's
+    except ConfigError:
+        # a template that rewrites earlier turns: its user header is the one after the system's
         later = first
     messages = [{"role": "system", "content": system}]
     context = 0  # ids of the context before this turn's new user text
     for n, turn in enumerate(record["turns"]):
         context = 0 if turn.get("offset") else context
         calls = record["turns"][n - 1].get("tool_calls") if n else None
-        if (
-            calls
-        ):  # after a tool turn, its results are tool messages (the template wraps them; the env waited)
+        if calls:
+            # after a tool turn, its results are tool messages (the template wraps them; the env waited)
             messages += [{"role": "tool", "content": c["content"]} for c in calls]
         else:
             added = decode(turn["prompt_ids"][context:], special=True)
             prefix, suffix = first if n == 0 else later
-            tail = (
-                suffix if suffix.rstrip().endswith(THINK_OPEN) else suffix + THINK_OPEN
-            )  # as ``thinking_ids``
+            # as ``thinking_ids``
+            tail = suffix if suffix.rstrip().endswith(THINK_OPEN) else suffix + THINK_OPEN
             start, end = added.rfind(prefix), len(added) - len(tail)
             fits = start >= 0 and added.endswith(tail) and start + len(prefix) <= end
             user = added[start + len(prefix) : end] if fits else str(turn["observation"])
