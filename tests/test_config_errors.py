@@ -618,13 +618,17 @@ def _first_run(run_dir: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
 
-def _cli_error(args: list[str], cwd: Path) -> str:
-    """The one line ``ragen2-train <args>`` prints as it fails."""
+def _cli_error(args: list[str], cwd: Path, program: str = "train") -> str:
+    """The one line ``ragen2-<program> <args>`` prints as it fails."""
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "ragen2.train", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+        [sys.executable, "-m", f"ragen2.{program}", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
     )
     assert done.returncode == 1, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
@@ -697,8 +701,10 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes_into_it(
         (["rollout.temperature=0"], "rollout.temperature=0 samples greedily"),
         (["trainer.devices=2"], "trainer.devices=2, trainer.num_nodes=1 with trainer.strategy=None"),
         (["+lr=0.5"], "lr=0.5 is not a key of ragen2-train's config"),
+        (["rollout.groups=0"], "rollout.groups=0 must be ≥ 1"),
+        (["algo.mini_batch_size=64"], "algo.mini_batch_size=64 exceeds the batch of rollout.groups"),
     ],
-    ids=["temperature", "ranks", "top-level-key"],
+    ids=["temperature", "ranks", "top-level-key", "node-range", "mini-batch"],
 )
 def test_the_run_checks_refuse_on_the_command_line_before_hydra_writes_anything(
     overrides: list[str], said: str, tmp_path: Path
@@ -707,6 +713,26 @@ def test_the_run_checks_refuse_on_the_command_line_before_hydra_writes_anything(
     line = _cli_error(["model=tiny", f"hydra.run.dir={run_dir}", *overrides], tmp_path)
     assert line.startswith(f"ragen2-train: {said}"), line
     assert not run_dir.exists()  # neither Hydra's log nor its record of the job: the folder is not made
+
+
+@pytest.mark.parametrize(
+    ("program", "overrides", "said"),
+    [
+        ("eval", ["ks=[1,8]"], "ks=[1, 8] asks for pass@8, which needs 8 sampled rollouts per seed"),
+        ("eval", ["num_seeds=many"], "num_seeds='many'"),
+        ("diagnose", ["samples=0"], "samples=0 must be ≥ 1 sample per instance"),
+        ("warmstart", ["sft.steps=0"], "sft.steps=0"),
+    ],
+    ids=["eval", "eval-type", "diagnose", "warmstart"],
+)
+def test_every_program_checks_its_settings_before_hydra_makes_the_run_folder(
+    program: str, overrides: list[str], said: str, tmp_path: Path
+) -> None:
+    # the checks read ${hydra:runtime.output_dir} as the job will see it, before Hydra sets it
+    run_dir = tmp_path / "run"
+    line = _cli_error(["model=tiny", f"hydra.run.dir={run_dir}", *overrides], tmp_path, program)
+    assert line.startswith(f"ragen2-{program}: {said}"), line
+    assert not run_dir.exists()
 
 
 # ---- resuming: the checkpoint against the settings the run is given ----------------------------------------

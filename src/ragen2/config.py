@@ -4,8 +4,8 @@ Each consumer gets one validated object for its node (``algo`` -> ``AlgoConfig``
 ``RolloutConfig``, ``filter`` -> ``GroupFilter``, …), built by ``ragen2.settings.settings``. Here,
 ``validate`` (also ``SettingsCheck``, a Hydra callback, before Hydra makes a single run's folder) checks the
 composed config before anything is built (the run's own keys, the device count, the folders the run writes,
-the types of what each ``_target_`` is given), ``check_batch`` what spans two objects (the mini-batch against
-the batch), and ``compose`` gives the config a program would run with.
+the nodes as their consumers build them, the mini-batch against the batch, the types of what each
+``_target_`` is given), and ``compose`` gives the config a program would run with.
 The programs' front door is ``ragen2.cli``.
 """
 
@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ragen2 import CONF_DIR, user_conf_dirs
 from ragen2.errors import ConfigError
-from ragen2.lifecycle.folder import check_writable, job_config, one_line, run_folders
+from ragen2.lifecycle.folder import as_job, check_writable, one_line, run_folders
 from ragen2.log import log
 from ragen2.settings import (
     check_overrides,
@@ -125,19 +125,26 @@ def validate(cfg: DictConfig) -> None:
     _check_precision(cfg)
     _check_master_weights(cfg)
     check_writable(run_folders(cfg))
-    _check_env_and_model(cfg)
+    _check_built_nodes(cfg)
     check_target_types(cfg)  # last: it imports the targets' modules
 
 
 class SettingsCheck(Callback):
-    """Hydra callback (conf/train.yaml, before ``RunFolder``): ``validate`` on a single run's config before
-    Hydra makes the run folder, so that a refused setting leaves no folder behind. Under ``--multirun`` each
-    job checks its own (``ragen2.train.run``): a refused job is on file for ``ragen2-aggregate``, the others
-    run."""
+    """Hydra callback (each program's primary config; conf/train.yaml's before ``RunFolder``): the program's
+    checks (``check``: ``validate`` for ragen2-train, ``ragen2.eval.check`` …) on a single run's config before
+    Hydra makes the run folder, so that a refused setting leaves no folder behind. The program runs them again
+    (a config composed in Python meets the same checks). Under ``--multirun`` each job checks its own
+    (``ragen2.train.run``): a refused job is on file for ``ragen2-aggregate``, the others run."""
+
+    def __init__(self, check: str = "ragen2.config.validate") -> None:
+        self.check = check
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        job = job_config(config, Path(str(config.hydra.run.dir)).absolute())
-        one_line(config, lambda: validate(job))
+        from hydra.utils import get_method
+
+        check = get_method(self.check)
+        with as_job(config, Path(str(config.hydra.run.dir)).absolute()) as job:
+            one_line(config, lambda: check(job))
 
 
 #: nodes that hold settings; an override can replace one with a value (``algo.optim=0.1``)
@@ -237,19 +244,25 @@ def check_seed_and_cap(cfg: DictConfig) -> None:
         )
 
 
-def _check_env_and_model(cfg: DictConfig) -> None:
-    """``env`` (its options against what the env declares) and ``model`` (a source that loads here) as the
-    objects their consumers build, before Lightning starts."""
-    from ragen2.data.rollout_config import EnvConfig
+def _check_built_nodes(cfg: DictConfig) -> None:
+    """``env`` (its options against what the env declares), ``model`` (a source that loads here), ``rollout``
+    and ``val`` (their ranges) as the objects their consumers build, then the mini-batch against the batch,
+    before Lightning starts and before Hydra makes the run folder."""
+    from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
     from ragen2.models.loading import ModelConfig
 
-    for key, cls in (("env", EnvConfig), ("model", ModelConfig)):
+    nodes = {"env": EnvConfig, "model": ModelConfig, "rollout": RolloutConfig, "val": ValConfig}
+    built = {}
+    for key, cls in nodes.items():
         try:
-            settings(cls, OmegaConf.to_container(cfg[key], resolve=True), key)
+            built[key] = settings(cls, OmegaConf.to_container(cfg[key], resolve=True), key)
         except ConfigError:
             raise
         except ValueError as err:  # a check that names its key (env.max_turns=0 …), as build() passes it on
             raise ConfigError(str(err)) from None
+    mini_batch = OmegaConf.select(cfg, "algo.mini_batch_size", default=8)
+    check_type("algo.mini_batch_size", mini_batch, int, 8)
+    check_batch(mini_batch, built["rollout"].groups, built["rollout"].group_size)
 
 
 def _check_temperature(cfg: DictConfig) -> None:

@@ -9,7 +9,7 @@ set_defaults()
 from omegaconf import DictConfig  # noqa: E402
 
 from ragen2.cli import hydra_program  # noqa: E402
-from ragen2.config import build, check_batch, validate  # noqa: E402
+from ragen2.config import build, validate  # noqa: E402
 from ragen2.lifecycle.folder import check_run_folder, claim, logger_metrics, write_hydra_record  # noqa: E402
 from ragen2.lifecycle.resume import requeue_plugins, run_ckpt_path  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
@@ -19,7 +19,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """Train with a composed config; returns the last iteration's metrics."""
     import gc
 
-    validate(cfg)  # before anything is built or imported; then each object checks its node, check_batch both
+    validate(cfg)  # before anything is built or imported (again: a config composed in Python)
 
     import lightning as L
 
@@ -40,8 +40,6 @@ def run(cfg: DictConfig) -> dict[str, float]:
         L.seed_everything(cfg.seed, workers=True)
         datamodule = build(cfg.data)
         module = build(cfg.module)
-        groups, group_size = datamodule.rollout_cfg.groups, datamodule.rollout_cfg.group_size
-        check_batch(module.algo.mini_batch_size, groups, group_size)
         write_hydra_record(cfg)  # the run's .hydra/, now that every check has passed
         # a group entry set to null (callbacks.curves=null) switches that piece off
         callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]

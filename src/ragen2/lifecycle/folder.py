@@ -173,11 +173,31 @@ def check_run_folder(cfg: DictConfig, restartable: bool | None = None) -> None:
 
 
 def job_config(config: DictConfig, run_dir: Path) -> DictConfig:
-    """``config`` (a Hydra callback's, with its ``hydra`` node) as a job in ``run_dir`` sees it."""
+    """``config`` (a Hydra callback's, with its ``hydra`` node) as a job in ``run_dir`` sees it (its
+    ``run_dir``, for the programs that have one)."""
     job = OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"])
-    with open_dict(job):
-        job.run_dir = str(run_dir)
+    if "run_dir" in config:
+        with open_dict(job):
+            job.run_dir = str(run_dir)
     return job
+
+
+@contextmanager
+def as_job(config: DictConfig, run_dir: Path) -> Iterator[DictConfig]:
+    """``job_config``, with ``${hydra:runtime.output_dir}`` resolving to ``run_dir`` while it is read: Hydra
+    sets the job's runtime only once the job starts, after the callbacks' ``on_run_start``."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import read_write
+
+    whole = config.copy()
+    with read_write(whole.hydra), open_dict(whole.hydra):
+        whole.hydra.runtime.output_dir = str(run_dir)
+    held = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(whole)
+    try:
+        yield job_config(config, run_dir)
+    finally:
+        HydraConfig.instance().cfg = held
 
 
 class OutputFolder(Callback):
