@@ -6,6 +6,8 @@
     python results/organism/analyze.py main            claims (a), (b1) and (c) on the main stage → main/main.json, main.md
     python results/organism/analyze.py dose            claim (b2) and (b) on the dose stage with the main stage's
                                                        seeds 0–9 at β* → dose/dose.json, dose.md, dose.png
+    python results/organism/analyze.py negative        the negative control's (n1), (n2) beside the main stage's
+                                                       none runs of seeds 0–9 → negative/negative.json, .md
     python results/organism/analyze.py calibration [stages …]   every MI proxy against the exact MI over the
                                                        stages' runs (default: the pilot's) → calibration/
 
@@ -480,6 +482,83 @@ def main_stage() -> dict[str, object]:
     }
 
 
+#: the negative control's seeds (PROTOCOL.md stage 4), and the main stage's two-hop runs it is reported beside
+NEGATIVE_SEEDS = 10
+
+
+def negative_predictions(
+    one_hop: dict[float, dict[int, Outcome]], two_hop: dict[float, dict[int, Outcome]], beta_star: float
+) -> dict[str, object]:
+    """The negative control's two predictions (PROTOCOL.md stage 4), reported either way, no verdict resting on
+    them. (n1): at β*, the one-hop runs collapse (MI_end ≤ ½ MI₀) at least as often as the two-hop ones. (n2):
+    across the one-hop runs (both β), S does not rise with MI_end/MI₀ (Spearman ρ ≤ 0.2); across the two-hop
+    runs it does (ρ > 0.2). ``partial`` while either side has fewer than its 20 runs."""
+    from ragen2.grids.stats import spearman
+
+    def rate(arms: dict[float, dict[int, Outcome]]) -> dict[str, object]:
+        at_star = list(arms.get(beta_star, {}).values())
+        k = sum(o.collapse for o in at_star)
+        return {
+            "runs_at_beta_star": len(at_star),
+            "collapsed_at_beta_star": k,
+            "template_collapse_at_beta_star": sum(o.template_collapse for o in at_star),
+            "rate_at_beta_star": k / len(at_star) if at_star else math.nan,
+            "collapsed_at_beta_0": sum(o.collapse for o in arms.get(0.0, {}).values()),
+            "runs_at_beta_0": len(arms.get(0.0, {})),
+        }
+
+    def rho(arms: dict[float, dict[int, Outcome]]) -> dict[str, object]:
+        every = [o for by_seed in arms.values() for o in by_seed.values()]
+        r, p = spearman([o.mi_end / o.mi0 for o in every], [o.success for o in every])
+        return {"runs": len(every), "rho": r, "p": p}
+
+    one, two = rate(one_hop), rate(two_hop)
+    n1 = {"one_hop": one, "two_hop": two, "holds": bool(one["rate_at_beta_star"] >= two["rate_at_beta_star"])}
+    r1, r2 = rho(one_hop), rho(two_hop)
+    n2 = {"one_hop": r1, "two_hop": r2, "holds": bool(r1["rho"] <= 0.2 and r2["rho"] > 0.2)}  # NaN: False
+    complete = all(
+        len(arms.get(b, {})) >= NEGATIVE_SEEDS for arms in (one_hop, two_hop) for b in (0.0, beta_star)
+    )
+    return {"n1": n1, "n2": n2, "status": "complete" if complete else "partial"}
+
+
+def negative_stage() -> dict[str, object]:
+    """Stage 4 beside the main stage's ``none`` runs of seeds 0–9 (both β): ``negative_predictions`` and each
+    run's outcome."""
+    beta_star = json.loads((HERE / "pilot" / "pilot.json").read_text())["beta_star"]
+    one_hop: dict[float, dict[int, Outcome]] = {}
+    two_hop: dict[float, dict[int, Outcome]] = {}
+    for (cell, seed), folder in runs("negative").items():
+        one_hop.setdefault(beta_of(cell), {})[seed] = outcome(read(folder))
+    for (cell, seed), folder in runs("main").items():
+        if filter_of(cell) == "none" and seed < NEGATIVE_SEEDS:
+            two_hop.setdefault(beta_of(cell), {})[seed] = outcome(read(folder))
+    table = [
+        {"hops": hops, "beta": b, "seed": s, **asdict(o), "template_collapse": o.template_collapse}
+        for hops, arms in ((1, one_hop), (2, two_hop))
+        for b, by_seed in sorted(arms.items())
+        for s, o in sorted(by_seed.items())
+    ]
+    return {"beta_star": beta_star, **negative_predictions(one_hop, two_hop, beta_star), "runs": table}
+
+
+def negative_markdown(result: dict[str, object]) -> str:
+    n1, n2 = result["n1"], result["n2"]
+    one, two = n1["one_hop"], n1["two_hop"]  # type: ignore[index]
+    keys = ["hops", "beta", "seed", "mi0", "mi_end", "h_end", "end", "success", "template_collapse"]
+    return (
+        f"# Negative control (the reasoning not needed; {result['status']})\n\n"
+        f"(n1) at β* = {result['beta_star']}: one-hop {one['collapsed_at_beta_star']}/{one['runs_at_beta_star']} "
+        f"collapse, two-hop {two['collapsed_at_beta_star']}/{two['runs_at_beta_star']}: "
+        f"{'holds' if n1['holds'] else 'does not hold'}.  \n"  # type: ignore[index]
+        f"(n2) Spearman ρ(MI_end/MI₀, S): one-hop {n2['one_hop']['rho']:+.2f} over {n2['one_hop']['runs']} runs, "
+        f"two-hop {n2['two_hop']['rho']:+.2f} over {n2['two_hop']['runs']}: "  # type: ignore[index]
+        f"{'holds' if n2['holds'] else 'does not hold'}.\n\n"  # type: ignore[index]
+        + _table(result["runs"], keys)  # type: ignore[arg-type]
+        + "\n"
+    )
+
+
 # the proxies compared with the exact MI: (curve, key, its ceiling's column count or None when it has none)
 PROXIES = (
     ("first_turn", "mi_est", 16),
@@ -665,7 +744,7 @@ def write(folder: Path, name: str, result: dict[str, object], markdown: str | No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("engineering", "pilot", "main", "dose", "calibration"))
+    parser.add_argument("what", choices=("engineering", "pilot", "main", "dose", "negative", "calibration"))
     parser.add_argument(
         "stages", nargs="*", help="pilot: the stage the rule reads; calibration: the stages pooled"
     )
@@ -693,6 +772,9 @@ def main() -> None:
         result = dose_stage()
         write(HERE / "dose", "dose", result, dose_markdown(result))
         plot_dose(result, HERE / "dose" / "dose.png")
+    elif args.what == "negative":
+        result = negative_stage()
+        write(HERE / "negative", "negative", result, negative_markdown(result))
     else:
         result = calibration(args.stages or ["pilot"])
         write(HERE / "calibration", "calibration", result, calibration_markdown(result))

@@ -176,3 +176,35 @@ def test_the_dose_axis_reads_p0_from_the_cell_and_b2_waits_for_its_runs(analyze)
     held = [(0.1, p0, False) for p0 in (0.5, 0.9)]
     assert analyze.claim_b2(held, expected=40)["verdict"] == "partial"
     assert analyze.claim_b2(held)["verdict"] == "inconclusive"  # every run held: no slope to estimate
+
+
+def test_the_negative_control_compares_collapse_rates_and_the_success_ranks(analyze) -> None:
+    def arms(collapsed_at_star: int, success_if_collapsed: float) -> dict[float, dict[int, object]]:
+        # at β* (0.1) the first seeds collapse (MI 3 → 1); at β 0 none does (MI 3 → 2.9)
+        held, fallen = (
+            _o(analyze, 2.9, success=1 - success_if_collapsed),
+            _o(analyze, 1.0, success=success_if_collapsed),
+        )
+        return {
+            0.1: {s: fallen if s < collapsed_at_star else held for s in range(10)},
+            0.0: {s: held for s in range(10)},
+        }
+
+    # one hop: 8 of 10 collapse, and a collapsed run succeeds more (ρ = −1); two hops: 7 of 10, succeeding less (ρ = +1)
+    found = analyze.negative_predictions(arms(8, 0.9), arms(7, 0.1), 0.1)
+    assert found["status"] == "complete"
+    assert (
+        found["n1"]["one_hop"]["rate_at_beta_star"] == 0.8
+        and found["n1"]["two_hop"]["rate_at_beta_star"] == 0.7
+    )
+    assert found["n1"]["holds"] and found["n2"]["holds"]
+    assert found["n2"]["one_hop"]["rho"] == pytest.approx(-1.0) and found["n2"]["two_hop"][
+        "rho"
+    ] == pytest.approx(1.0)
+    # the other way round, neither holds; a side short of its 10 seeds per β is partial
+    swapped = analyze.negative_predictions(arms(7, 0.1), arms(8, 0.9), 0.1)
+    assert not swapped["n1"]["holds"] and not swapped["n2"]["holds"]
+    short = arms(8, 0.9)
+    del short[0.0][9]
+    assert analyze.negative_predictions(short, arms(7, 0.1), 0.1)["status"] == "partial"
+    assert analyze.beta_of("none_b0.1_hops1") == 0.1 and analyze.filter_of("none_b0_hops1") == "none"
