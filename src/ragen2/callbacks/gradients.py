@@ -48,10 +48,11 @@ from ragen2.data.batch import RolloutBatch
 from ragen2.diagnostics.findings import held_findings
 from ragen2.diagnostics.gradients import (
     ALL,
+    Bucket,
     GradientPass,
+    TermNorm,
     bucket_names,
     group_reward_variance,
-    norm_metrics,
     plot_buckets,
     rv_buckets,
 )
@@ -111,26 +112,26 @@ class GradientBuckets(L.Callback):
                 )
                 self._warned = True
             return
-        metrics = self.measure(pl_module, batch)
-        findings.gradients = GradientPass(batch.iteration, metrics)
-        if self.plot and trainer.is_global_zero:
+        findings.gradients = found = self.measure(pl_module, batch)
+        if self.plot and trainer.is_global_zero and found.buckets:
             png = Path(trainer.default_root_dir) / "gradients" / f"iteration_{batch.iteration:05d}.png"
-            plot_buckets(metrics, png, f"iteration {batch.iteration} · {pl_module.algo.name or 'algo'}")
+            plot_buckets(found, png, f"iteration {batch.iteration} · {pl_module.algo.name or 'algo'}")
             log.info("gradients by reward-variance bucket: %s", png)
 
-    def measure(self, module: PolicyModule, batch: RolloutBatch) -> dict[str, float]:
-        """``grad/*`` of one unfiltered batch under the module's current weights (also callable from a
-        notebook); leaves parameters, gradients and random states as they were."""
+    def measure(self, module: PolicyModule, batch: RolloutBatch) -> GradientPass:
+        """The gradients by bucket of one unfiltered batch under the module's current weights (also callable
+        from a notebook); leaves parameters, gradients and random states as they were."""
         start = time.perf_counter()
         with _untouched(module), torch.enable_grad():
-            out = self._measure(module, batch)
-        out["time/gradient_buckets"] = time.perf_counter() - start
-        return out
+            buckets = self._measure(module, batch)
+        seconds = time.perf_counter() - start
+        return GradientPass(batch.iteration, tuple(buckets[:-1]), buckets[-1] if buckets else None, seconds)
 
-    def _measure(self, module: PolicyModule, batch: RolloutBatch) -> dict[str, float]:
+    def _measure(self, module: PolicyModule, batch: RolloutBatch) -> list[Bucket]:
+        """The quantile buckets, lowest RV first, then ``all`` (none for an empty batch)."""
         n = batch.input_ids.shape[0]
         if n == 0:
-            return {}
+            return []
         update = module.update
         assert update is not None, "the module's models are not built (configure_model)"
         # steps 1–3 of the update on every row, as its first mini-batch, with β left where it is
@@ -142,29 +143,25 @@ class GradientBuckets(L.Callback):
         token_level = plugins.LOSS_AGGREGATIONS[module.algo.loss_agg].token_level
         mask = batch.loss_mask
         non_empty = mask.sum(-1) > 0
-        buckets: list[tuple[str, torch.Tensor]] = []
-        out: dict[str, float] = {}
+        rows_of: list[torch.Tensor] = []
+        found: list[Bucket] = []
         for name, ids in zip(bucket_names(len(groups)), groups):
             rows = torch.nonzero(torch.isin(batch.group_index, ids)).squeeze(-1)
-            buckets.append((name, rows))
             rv = variance[ids]
-            out.update(_counts(name, rows, ids.numel(), mask, non_empty))
-            out.update(
-                {
-                    f"grad/{name}/rv_mean": float(rv.mean()),
-                    f"grad/{name}/rv_min": float(rv.min()),
-                    f"grad/{name}/rv_max": float(rv.max()),
-                }
-            )
-        out.update(_counts(ALL, everything, len(variance), mask, non_empty))
-        out[f"grad/{ALL}/rv_mean"] = float(variance.mean())
+            rows_of.append(rows)
+            counts = _counts(rows, ids.numel(), mask, non_empty)
+            found.append(Bucket(name, *counts, float(rv.mean()), float(rv.min()), float(rv.max())))
+        rows_of.append(everything)
+        found.append(
+            Bucket(ALL, *_counts(everything, len(variance), mask, non_empty), float(variance.mean()))
+        )
         params = [p for p in module.policy.parameters() if p.requires_grad]
         present: set[str] | None = None  # the LossTerms fields this configuration has, from the first forward
         for term, field in _FIELDS.items():
             if present is not None and field not in present:
                 continue  # no such term (no KL in the loss; a critic warm-up has no policy terms)
             total: list[torch.Tensor] | None = None  # Σ_b ∇S_b, the summed term of all groups
-            for name, rows in buckets:
+            for bucket, rows in zip(found[:-1], rows_of):
                 fields = _backward_bucket(update, rows, inputs, field, token_level)
                 present = fields if present is None else present
                 if field not in present:
@@ -172,11 +169,7 @@ class GradientBuckets(L.Callback):
                 units = _units(mask, rows, non_empty, token_level)
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
                 summed = units * _global_norm(grads)
-                out.update(
-                    norm_metrics(
-                        name, term, summed, units, out[f"grad/{name}/samples"], out[f"grad/{name}/tokens"]
-                    )
-                )
+                bucket.norms[term] = TermNorm.of(summed, units, bucket.samples, bucket.tokens)
                 if total is None:
                     total = [g.mul(units) for g in grads]
                 else:
@@ -185,17 +178,11 @@ class GradientBuckets(L.Callback):
                 for p in params:
                     p.grad = None
             if total is not None:
-                out.update(
-                    norm_metrics(
-                        ALL,
-                        term,
-                        _global_norm(total),
-                        _units(mask, everything, non_empty, token_level),
-                        out[f"grad/{ALL}/samples"],
-                        out[f"grad/{ALL}/tokens"],
-                    )
+                units = _units(mask, everything, non_empty, token_level)
+                found[-1].norms[term] = TermNorm.of(
+                    _global_norm(total), units, found[-1].samples, found[-1].tokens
                 )
-        return out
+        return found
 
 
 def _backward_bucket(
@@ -220,13 +207,10 @@ def _units(mask: torch.Tensor, rows: torch.Tensor, non_empty: torch.Tensor, toke
 
 
 def _counts(
-    name: str, rows: torch.Tensor, groups: int, mask: torch.Tensor, non_empty: torch.Tensor
-) -> dict[str, float]:
-    return {
-        f"grad/{name}/groups": float(groups),
-        f"grad/{name}/samples": float(non_empty[rows].sum()),
-        f"grad/{name}/tokens": float(mask[rows].sum()),
-    }
+    rows: torch.Tensor, groups: int, mask: torch.Tensor, non_empty: torch.Tensor
+) -> tuple[int, float, float]:
+    """A bucket's groups, non-empty samples and sampled tokens."""
+    return groups, float(non_empty[rows].sum()), float(mask[rows].sum())
 
 
 def _global_norm(tensors: list[torch.Tensor]) -> float:

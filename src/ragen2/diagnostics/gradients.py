@@ -17,7 +17,7 @@ Buckets (``rv_buckets``):
 - Fewer groups than buckets: one bucket per group, ``q1`` … ``qG``.
 - ``all`` holds every group, kept or not by the filter.
 
-Norms (``norm_metrics``), per bucket b and term (task = the policy objective, entropy, KL; coefficients
+Norms (``TermNorm``), per bucket b and term (task = the policy objective, entropy, KL; coefficients
 applied, as the optimizer sees them). Let L_b be the term over the bucket's rows as one mini-batch with
 the algorithm's own aggregation (``algo.loss_agg``), and S_b = W_b·L_b the *summed* term, where W_b is the
 aggregation's normaliser: the bucket's sampled tokens N_b for ``token-mean``, its non-empty samples n_b
@@ -36,8 +36,8 @@ the sum of the buckets', not another backward pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,10 +45,11 @@ import torch
 __all__ = [
     "ALL",
     "TERMS",
+    "Bucket",
     "GradientPass",
+    "TermNorm",
     "bucket_names",
     "group_reward_variance",
-    "norm_metrics",
     "plot_buckets",
     "rv_buckets",
 ]
@@ -58,14 +59,75 @@ TERMS = ("task", "entropy", "kl")
 
 
 @dataclass(frozen=True)
-class GradientPass:
-    """One iteration's gradients by bucket: ``grad/<bucket>/*`` and ``time/gradient_buckets``."""
+class TermNorm:
+    """One term's gradient over one bucket (see the module doc): ‖∇L_b‖₂ and ‖∇S_b‖₂ per sample and per token."""
 
-    iteration: int
-    metrics: Mapping[str, float]
+    norm: float
+    per_sample: float
+    per_token: float
+
+    @classmethod
+    def of(cls, summed_norm: float, normaliser: float, samples: float, tokens: float) -> TermNorm:
+        """From ‖∇S_b‖₂ and the counts (an empty count divides by 1: its gradient is 0 anyway)."""
+        return cls(
+            summed_norm / max(normaliser, 1.0),
+            summed_norm / max(samples, 1.0),
+            summed_norm / max(tokens, 1.0),
+        )
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket of groups (``q1`` … lowest RV first, or ``all``), its counts, its RV and its terms' norms."""
+
+    name: str
+    groups: int
+    samples: float  # non-empty samples
+    tokens: float  # sampled tokens
+    rv_mean: float
+    rv_min: float | None = None  # a quantile bucket's; None for ``all``
+    rv_max: float | None = None
+    norms: dict[str, TermNorm] = field(default_factory=dict)  # by term (``TERMS``) the loss has
 
     def as_metrics(self) -> dict[str, float]:
-        return dict(self.metrics)
+        key = f"grad/{self.name}"
+        out = {
+            f"{key}/groups": float(self.groups),
+            f"{key}/samples": self.samples,
+            f"{key}/tokens": self.tokens,
+        }
+        out[f"{key}/rv_mean"] = self.rv_mean
+        if self.rv_min is not None and self.rv_max is not None:
+            out |= {f"{key}/rv_min": self.rv_min, f"{key}/rv_max": self.rv_max}
+        for term, n in self.norms.items():
+            out |= {f"{key}/{term}": n.norm, f"{key}/{term}_per_sample": n.per_sample}
+            out[f"{key}/{term}_per_token"] = n.per_token
+        return out
+
+
+@dataclass(frozen=True)
+class GradientPass:
+    """One iteration's gradients by bucket; ``as_metrics`` names them (``grad/<bucket>/*``,
+    ``time/gradient_buckets``)."""
+
+    iteration: int
+    buckets: tuple[Bucket, ...] = ()  # q1 … (lowest RV first)
+    total: Bucket | None = None  # ``all``: every group (None for an empty batch)
+    seconds: float = 0.0
+
+    def bucket(self, name: str) -> Bucket:
+        """A bucket by name (``q1`` … or ``all``)."""
+        found = [b for b in (*self.buckets, self.total) if b is not None and b.name == name]
+        if not found:
+            raise KeyError(f"no bucket {name!r} in iteration {self.iteration}'s pass")
+        return found[0]
+
+    def as_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for b in (*self.buckets, self.total):
+            if b is not None:
+                out |= b.as_metrics()
+        return out | {"time/gradient_buckets": self.seconds}
 
 
 def group_reward_variance(returns: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
@@ -106,40 +168,25 @@ def rv_buckets(variance: torch.Tensor, num_buckets: int = 6) -> list[torch.Tenso
     return [order[which == k] for k in range(n)]
 
 
-def norm_metrics(
-    bucket: str, term: str, summed_norm: float, normaliser: float, samples: float, tokens: float
-) -> dict[str, float]:
-    """The three numbers of one (bucket, term) from ‖∇S_b‖₂ and the counts (an empty count divides by 1)."""
-    prefix = f"grad/{bucket}/{term}"
-    return {
-        prefix: summed_norm / max(normaliser, 1.0),
-        f"{prefix}_per_sample": summed_norm / max(samples, 1.0),
-        f"{prefix}_per_token": summed_norm / max(tokens, 1.0),
-    }
-
-
-def plot_buckets(
-    metrics: Mapping[str, float], out_png: Path, title: str = "", terms: Sequence[str] = TERMS
-) -> Path:
-    """The paper's figure from ``grad/*`` metrics: one panel per term (its norm per bucket, ``all``
-    dashed), each on its own scale (the regularisers are orders of magnitude smaller), then the RV."""
+def plot_buckets(found: GradientPass, out_png: Path, title: str = "", terms: Sequence[str] = TERMS) -> Path:
+    """The paper's figure from a pass: one panel per term (its norm per bucket, ``all`` dashed), each on its
+    own scale (the regularisers are orders of magnitude smaller), then the RV."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = sorted(
-        {k.split("/")[1] for k in metrics if k.startswith("grad/q")}, key=lambda s: int(s.removeprefix("q"))
-    )
-    present = [t for t in terms if any(f"grad/{b}/{t}" in metrics for b in [*names, ALL])]
+    names = [b.name for b in found.buckets]
+    every = [*found.buckets, *([found.total] if found.total is not None else [])]
+    present = [t for t in terms if any(t in b.norms for b in every)]
     fig, axes = plt.subplots(1, len(present) + 1, figsize=(4 * (len(present) + 1), 3.6), squeeze=False)
     x = list(range(len(names)))
-    rv = [metrics.get(f"grad/{b}/rv_mean", math.nan) for b in names]
+    rv = [b.rv_mean for b in found.buckets]
     for n, (ax, term) in enumerate(zip(axes[0], present)):
-        ys = [metrics.get(f"grad/{b}/{term}", math.nan) for b in names]
+        ys = [b.norms[term].norm if term in b.norms else math.nan for b in found.buckets]
         ax.plot(x, ys, marker="o", color=f"C{n}")
-        if f"grad/{ALL}/{term}" in metrics:
-            ax.axhline(metrics[f"grad/{ALL}/{term}"], ls="--", lw=0.8, color=f"C{n}", label=ALL)
+        if found.total is not None and term in found.total.norms:
+            ax.axhline(found.total.norms[term].norm, ls="--", lw=0.8, color=f"C{n}", label=ALL)
             ax.legend(fontsize=8)
         ax.set_ylim(bottom=0.0)
         ax.set_title(f"{term} gradient norm", fontsize=9)

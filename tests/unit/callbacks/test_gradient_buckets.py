@@ -48,7 +48,9 @@ def test_zero_variance_bucket_has_exactly_zero_task_gradient_under_grpo(tmp_path
     # id the first two fill q1, the third shares q2 with the lowest varying group (0: RV 1/16)
     returns = [[0.5 * (g + 1) * r for r in (1.0, 0.0, 0.0, 0.0)] for g in range(6)]
     returns[2], returns[4], returns[5] = [0.0] * K, [1.0] * K, [-0.1] * K
-    out = GradientBuckets(every_n_iterations=1, num_buckets=3).measure(module, make_batch(returns))
+    out = (
+        GradientBuckets(every_n_iterations=1, num_buckets=3).measure(module, make_batch(returns)).as_metrics()
+    )
     assert out["grad/q1/rv_max"] == 0.0 and out["grad/q2/rv_min"] == 0.0 and out["grad/q2/rv_max"] > 0
     # advantages (R − mean)/(std + ε) are exactly 0 in a constant group: −A·ratio has a zero gradient
     assert out["grad/q1/task"] == 0.0 and out["grad/q1/task_per_token"] == 0.0
@@ -67,9 +69,11 @@ def test_task_norm_follows_reward_variance_and_entropy_stays_flat(tmp_path: Path
     module = make_module(tmp_path, "algo=drgrpo")
     scale = [3.0, 0.0, 5.0, 1.0, 4.0, 2.0]  # by group id: q1 … q6 hold s = 0, 1, 2, 3, 4, 5
     batch = make_batch([[s * r for r in (1.0, 0.0, 0.0, 0.0)] for s in scale], shared_prompt=True)
-    out = GradientBuckets(every_n_iterations=1).measure(module, batch)
-    task = [out[f"grad/q{b}/task"] for b in range(1, 7)]
-    rv = [out[f"grad/q{b}/rv_mean"] for b in range(1, 7)]
+    found = GradientBuckets(every_n_iterations=1).measure(module, batch)
+    out = found.as_metrics()
+    task = [b.norms["task"].norm for b in found.buckets]
+    rv = [b.rv_mean for b in found.buckets]
+    assert [b.name for b in found.buckets] == [f"q{b}" for b in range(1, 7)]
     assert rv == sorted(rv) and task == sorted(task) and task[0] == 0.0
     torch.testing.assert_close(torch.tensor(task) / task[1], torch.arange(6.0), rtol=1e-5, atol=0)
     # all: Σ_b W_b·∇L_b / W_all with W = 4 samples per bucket: (0 + 1 + … + 5)·4·v / 24 = 2.5·v
@@ -118,7 +122,7 @@ def test_kl_gradient_of_a_perturbed_policy_matches_an_independent_computation_an
     states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
     returns = [[s * r for r in (1.0, 0.0, 1.0, 0.0)] for s in (0.0, 2.0, 1.0)]  # q1 = group 0, q3 = group 1
     batch = make_batch(returns)
-    out = GradientBuckets(every_n_iterations=1, num_buckets=3).measure(module, batch)
+    out = GradientBuckets(every_n_iterations=1, num_buckets=3).measure(module, batch).as_metrics()
     # parameters, their gradients (the same tensors) and every random state as they were
     assert all(torch.equal(p, w) for p, w in zip(params, weights))
     for p, (obj, value) in zip(params, held):

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from ragen2.diagnostics.gradients import (
+    ALL,
+    Bucket,
+    GradientPass,
+    TermNorm,
     bucket_names,
     group_reward_variance,
-    norm_metrics,
     plot_buckets,
     rv_buckets,
 )
@@ -46,22 +49,35 @@ def test_quantile_buckets_have_equal_counts_ties_in_group_order() -> None:
 
 def test_norms_divide_the_summed_gradient_by_the_normaliser_samples_and_tokens() -> None:
     # ‖∇S‖ = 6, W = 3 (a sequence-mean: the samples), 3 samples, 12 tokens
-    assert norm_metrics("q2", "task", 6.0, 3.0, 3.0, 12.0) == {
+    assert TermNorm.of(6.0, 3.0, 3.0, 12.0) == TermNorm(norm=2.0, per_sample=2.0, per_token=0.5)
+    # an empty bucket (no sampled token) divides by 1: its gradient is 0 anyway
+    assert TermNorm.of(0.0, 0.0, 0.0, 0.0).per_token == 0.0
+    # a bucket's numbers under their logged names; rv_min and rv_max are a quantile bucket's only
+    q2 = Bucket("q2", 1, 3.0, 12.0, 0.5, 0.25, 0.75, {"task": TermNorm.of(6.0, 3.0, 3.0, 12.0)})
+    assert q2.as_metrics() == {
+        "grad/q2/groups": 1.0,
+        "grad/q2/samples": 3.0,
+        "grad/q2/tokens": 12.0,
+        "grad/q2/rv_mean": 0.5,
+        "grad/q2/rv_min": 0.25,
+        "grad/q2/rv_max": 0.75,
         "grad/q2/task": 2.0,
         "grad/q2/task_per_sample": 2.0,
         "grad/q2/task_per_token": 0.5,
     }
-    # an empty bucket (no sampled token) divides by 1: its gradient is 0 anyway
-    assert norm_metrics("q1", "kl", 0.0, 0.0, 0.0, 0.0)["grad/q1/kl_per_token"] == 0.0
+    everything = Bucket(ALL, 1, 3.0, 12.0, 0.5)
+    found = GradientPass(7, (q2,), everything, seconds=1.5)
+    assert found.bucket("q2") is q2 and found.bucket(ALL) is everything
+    assert "grad/all/rv_min" not in found.as_metrics() and found.as_metrics()["time/gradient_buckets"] == 1.5
+    with pytest.raises(KeyError, match="no bucket 'q3'"):
+        found.bucket("q3")
 
 
 def test_plot_writes_a_png_with_a_panel_per_present_term(tmp_path: Path) -> None:
-    metrics = {"grad/all/task": 1.0, "grad/all/entropy": 1e-3}
-    for k in range(6):
-        metrics |= {
-            f"grad/q{k + 1}/task": 0.2 * k,
-            f"grad/q{k + 1}/entropy": 1e-3,
-            f"grad/q{k + 1}/rv_mean": k,
-        }
-    png = plot_buckets(metrics, tmp_path / "sub" / "figure.png", "iteration 0")
+    def norms(task: float) -> dict[str, TermNorm]:
+        return {"task": TermNorm(task, task, task), "entropy": TermNorm(1e-3, 1e-3, 1e-3)}
+
+    buckets = tuple(Bucket(f"q{k + 1}", 1, 4.0, 20.0, k, k, k, norms(0.2 * k)) for k in range(6))
+    found = GradientPass(0, buckets, Bucket(ALL, 6, 24.0, 120.0, 2.5, norms=norms(1.0)))
+    png = plot_buckets(found, tmp_path / "sub" / "figure.png", "iteration 0")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ragen2.diagnostics.findings import Findings, held_findings
-from ragen2.diagnostics.gradients import GradientPass
+from ragen2.diagnostics.gradients import ALL, Bucket, GradientPass, TermNorm
 from ragen2.diagnostics.mi_pass import CurvePass, MIPass
 from ragen2.diagnostics.regimes import PassMetrics, Regime, RegimeReading
 
@@ -57,10 +57,20 @@ def test_findings_log_only_the_iteration_s_own_passes() -> None:
     findings = Findings()
     assert findings.before_update(0) == {}
     findings.mi = MIPass(4, {"first_turn": CurvePass(2)}, seconds=1.0)
-    findings.gradients = GradientPass(5, {"grad/all/task": 0.5, "time/gradient_buckets": 3.0})
+    everything = Bucket(ALL, 2, 8.0, 40.0, 0.25, norms={"task": TermNorm(0.5, 0.5, 0.1)})
+    findings.gradients = GradientPass(5, (), everything, seconds=3.0)
     findings.regime = RegimeReading(4, Regime.TEMPLATE_COLLAPSE, Regime.COLLAPSED)
     assert findings.before_update(4) == findings.mi.as_metrics()  # the regime is logged by its monitor
-    assert findings.before_update(5) == {"grad/all/task": 0.5, "time/gradient_buckets": 3.0}
+    assert findings.before_update(5) == {
+        "grad/all/groups": 2.0,
+        "grad/all/samples": 8.0,
+        "grad/all/tokens": 40.0,
+        "grad/all/rv_mean": 0.25,
+        "grad/all/task": 0.5,
+        "grad/all/task_per_sample": 0.5,
+        "grad/all/task_per_token": 0.1,
+        "time/gradient_buckets": 3.0,
+    }
     assert findings.regime.as_metrics() == {"diag/regime": 1.0, "diag/regime_raw": 3.0}
     assert held_findings(type("M", (), {"findings": findings})()) is findings
     assert held_findings(object()) is None
