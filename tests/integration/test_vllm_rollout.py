@@ -2,7 +2,10 @@
 
 The same checks as tests/integration/test_loop.py's first test (a kept group, a real update through the
 task gradient, every metric namespace, moved weights, the artifacts), plus the sampler's log-probs
-agreeing with the recomputed ones after the in-training weight sync.
+agreeing with the recomputed ones after the in-training weight sync. The iteration runs one sequence per
+turn (``rollout.layout=per_turn``, a thinking template's layout): each turn's prompt is rendered anew
+through the template and sent to the engine as ids; the LoRA test below samples with one sequence per
+episode (the built-in model's ``auto``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
         [
             "model=builtin",
             "rollout=vllm",
+            "rollout.layout=per_turn",
             "rollout.groups=2",
             "max_turns_cap=2",  # two turns, not the CPU default of three: the second extends the first
             "rollout.save_jsonl=true",
@@ -60,6 +64,7 @@ def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
     assert float(row["filter/kept"]) >= 1 and float(row["train/optimizer_steps"]) >= 1
     assert float(row["train/grad_norm"]) > 0 and float(row["train/pg_loss"]) != 0.0
     assert float(row["rollout/return_std"]) > 0
+    assert float(row["rollout/turns"]) > 1  # a second turn's prompt, rendered anew, went through the engine
     for ns in NAMESPACES:
         assert any(k.startswith(ns) for k in row), f"no {ns}* metric logged"
     for key in (
@@ -69,7 +74,8 @@ def test_one_iteration_with_vllm_rollouts(tmp_path: Path) -> None:
         "train/clipfrac_high",
     ):
         assert key in row
-    # the engine sampled from the policy's weights: its log-probs are the training model's (fp32 CPU)
+    # the engine sampled from the policy's weights: its log-probs are the training model's (fp32 CPU), each
+    # turn's scored on the context it was sampled in
     assert float(row["rollout/logprob_gap_max"]) < 1e-3
     before = load_model("builtin").state_dict()
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
