@@ -20,6 +20,8 @@ from ragen2._env import set_defaults
 
 set_defaults()
 
+import functools  # noqa: E402
+import os  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -40,7 +42,7 @@ def check(cfg: DictConfig) -> tuple[Any, str | None, int | None]:
     format (None when sampling) and the step (a ragen2 run's iteration) to report on (None: the last)."""
     check_top_level(cfg, "diagnose")
     from ragen2.diagnostics.readers import FORMATS, detect
-    from ragen2.diagnostics.report import CURVE_FILES, REPORT_FILES, Splits, chosen_iteration, read_jsonl
+    from ragen2.diagnostics.report import CURVE_FILES, REPORT_FILES, Splits
 
     for key, example in (("seed", 0), ("num_seeds", 8), ("samples", 4), ("max_batch_tokens", 512)):
         check_type(key, cfg[key], int, example)
@@ -80,8 +82,24 @@ def check(cfg: DictConfig) -> tuple[Any, str | None, int | None]:
     fmt = detect(cfg.rollouts) if cfg.format == "auto" else str(cfg.format)
     if fmt != "ragen2":  # read as it streams, later: a bad row is refused before anything is written
         return quadrant, fmt, cfg.iteration
-    records = read_jsonl(cfg.rollouts)  # the whole file, now: a bad one is refused before the model loads
-    return quadrant, fmt, chosen_iteration(records, cfg.iteration, cfg.rollouts)
+    return quadrant, fmt, _chosen(str(cfg.rollouts), cfg.iteration)
+
+
+def _chosen(path: str, iteration: int | None) -> int | None:
+    """The step a ragen2 rollouts file is reported on, read whole now: a bad file is refused before the model
+    loads. The settings check and the run both ask, so an unchanged file is read once."""
+    try:
+        stat = os.stat(path)
+    except OSError:  # read_jsonl names the missing file
+        return _read_chosen(path, iteration, None)
+    return _read_chosen(path, iteration, (stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_chosen(path: str, iteration: int | None, version: tuple[int, int] | None) -> int | None:
+    from ragen2.diagnostics.report import chosen_iteration, read_jsonl
+
+    return chosen_iteration(read_jsonl(path), iteration, path)
 
 
 def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:

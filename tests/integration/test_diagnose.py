@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,20 @@ def test_reads_a_runs_saved_rollouts(tmp_path: Path) -> None:
 
     capped, _ = _diagnose(tmp_path / "capped", f"rollouts={saved}", "num_seeds=2", "samples=1")
     assert len(capped.rows) == 2 and capped.scores.logp_sum.shape == (2, 2)
+
+
+def test_a_rollouts_file_is_read_whole_once_for_the_check_and_the_run(tmp_path: Path) -> None:
+    from ragen2.diagnose import _read_chosen, check
+
+    saved, _, _ = _saved_rollouts(tmp_path / "run")
+    cfg = compose([*FAST, f"output={tmp_path / 'report'}", f"rollouts={saved}"], config_name="diagnose")
+    _read_chosen.cache_clear()
+    assert check(cfg)[1:] == check(cfg)[1:] == ("ragen2", 0)  # the settings check's call, then the run's
+    assert (_read_chosen.cache_info().misses, _read_chosen.cache_info().hits) == (1, 1)
+    stat = saved.stat()
+    os.utime(saved, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # a file written since is read again
+    check(cfg)
+    assert _read_chosen.cache_info().misses == 2
 
 
 @pytest.mark.parametrize(
