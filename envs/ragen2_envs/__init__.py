@@ -7,7 +7,7 @@ lazily inside the env that needs them).
 
 from __future__ import annotations
 
-from ragen2_envs.base import TextEnv, text_space
+from ragen2_envs.base import EnvStep, TextEnv, text_space
 from ragen2_envs.options import Option, options
 from ragen2_envs.registry import (
     ENTRY_POINT_GROUP,
@@ -24,6 +24,7 @@ register_all()
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "EnvStep",
     "Option",
     "TextEnv",
     "UnknownEnvError",

@@ -12,13 +12,17 @@ while stochastic dynamics stay independent across its rollouts:
   same ``s`` gives the same first observation, byte for byte.
 * ``reset(seed=s, options={"sample": k})`` seeds ``self.dynamics_rng`` from ``(s, k)``; slips,
   payouts and other per-step noise draw from it. ``sample`` defaults to 0.
+
+An env may also act through tools (``tool_names``: methods the agent calls with JSON arguments); a tool that
+moves the env returns an ``EnvStep`` instead of text.
 """
 
 from __future__ import annotations
 
 import functools
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 import gymnasium as gym
@@ -30,6 +34,22 @@ from ragen2_envs.options import check_bounds
 # Printable ASCII plus the symbols our renderers use; Text spaces reject characters outside their charset.
 CHARSET = frozenset(string.printable) | frozenset("√·×÷−…–—’“”°")
 MAX_TEXT = 65_536
+
+
+@dataclass(frozen=True)
+class EnvStep:
+    """What an env's tool that moves the env returns (``tool_names``, ragen2's ``env.tools``): the tool message's
+    text and the step, as ``step`` gives it (``info["success"]`` marks a success, as for a text action)."""
+
+    content: str
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ended(self) -> bool:
+        return self.terminated or self.truncated
 
 
 @functools.cache

@@ -9,7 +9,9 @@ and changes nothing (the reference guesses an answer from free text and ends the
 
 Under ``env.tools: [search]`` (docs/tools.md) the retriever is also a tool: ``search(query)`` returns the
 passages and counts against ``max_searches`` like the action, and the final answer stays the action
-``finish[<answer>]`` inside ``<answer>``, which ends the episode.
+``finish[<answer>]`` inside ``<answer>``, which ends the episode. Under ``env.tools: [search, finish]`` the
+answer is a tool call too, ``finish(answer)``: a tool that moves the env (its ``EnvStep``), scored and ended as
+the action is, so an episode runs on function calls alone.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar
 
-from ragen2_envs.base import TextEnv
+from ragen2_envs.base import EnvStep, TextEnv
 from ragen2_envs.options import OneOf, Range
 from ragen2_envs.searchqa.data import QAExample, load_corpus_jsonl, load_qa_jsonl
 from ragen2_envs.searchqa.kb import build_knowledge_base
@@ -44,7 +46,7 @@ class SearchQAEnv(TextEnv):
     default_max_turns: ClassVar[int] = 5  # reference config _10_search.yaml: max_turn 5
     default_max_actions_per_turn: ClassVar[int] = 1
     #: methods the agent may call as tools (env.tools)
-    tool_names: ClassVar[tuple[str, ...]] = ("search",)
+    tool_names: ClassVar[tuple[str, ...]] = ("search", "finish")
 
     def __init__(
         self,
@@ -154,6 +156,15 @@ class SearchQAEnv(TextEnv):
             return "The query is empty: search for a name."
         self._search(query.strip())
         return to_charset(self._feedback)
+
+    def finish(self, answer: str) -> EnvStep:
+        """Give your final answer and end the episode.
+
+        Args:
+            answer: A short phrase, e.g. a name, place or year.
+        """
+        observation, reward, terminated, truncated, info = self.step(f"finish[{answer}]")
+        return EnvStep(observation, reward, terminated, truncated, info)
 
     def example_action(self) -> str:
         return "search[who founded the company]"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +130,7 @@ class Episode:
                     "reward": t.reward,
                     "penalty": t.penalty,
                     **({"offset": t.offset} if t.offset else {}),
-                    **({"tool_calls": [dataclasses.asdict(c) for c in t.tool_calls]} if t.tool_calls else {}),
+                    **({"tool_calls": [c.as_record() for c in t.tool_calls]} if t.tool_calls else {}),
                 }
                 for t in self.turns
             ],

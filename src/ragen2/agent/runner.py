@@ -15,8 +15,9 @@ holds one unsampled turn (its prompt, no tokens to train on, return 0). Each tim
 warning and counted in ``rollout/env_timeouts``.
 
 With tools (``env.tools``, ``ragen2.agent.tools``) a turn may call tools instead of writing ``<answer>``: the
-calls run (at most ``max_actions_per_turn``, each under ``step_timeout_s``), the env does not move, and the
-next turn's prompt holds their results as tool messages.
+calls run (at most ``max_actions_per_turn``, each under ``step_timeout_s``) and the next turn's prompt holds
+their results as tool messages. A tool that moves the env (its ``EnvStep``) gives the turn its reward, success
+and end as an action does.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ragen2.agent.render import (
     renderer_for,
 )
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
-from ragen2.agent.tools import Toolbox, run_call, tool_turn
+from ragen2.agent.tools import Toolbox, ToolCall, run_call, tool_turn
 from ragen2.log import log
 from ragen2.progress import bar
 from ragen2.rollout.base import PromptMeta, Sampler, SamplingParams
@@ -243,7 +244,7 @@ class EpisodeRunner:
                     if turn == self.cfg.max_turns:
                         ep.truncated, ep.end_reason = True, "max_turns"
                         continue
-                    if t.tool_calls:  # the env did not move: the results are the next prompt's new text
+                    if t.tool_calls:  # the results are the next prompt's new text
                         obs = "\n".join(c.content for c in t.tool_calls)
                         shown = [{"role": "tool", "content": c.content} for c in t.tool_calls]
                     else:
@@ -429,10 +430,20 @@ class EpisodeRunner:
         bodies: list[str],
     ) -> Turn:
         """A tool turn: each call run against ``env``'s tools (an error is a message to the policy, and a
-        penalty where the policy caused it, ``ToolCall.penalized``); no env step, no reward."""
+        penalty where the policy caused it, ``ToolCall.penalized``). A tool that moved the env (``EnvStep``)
+        gives the turn its reward, info and penalty, as a text action does; the call that ends the episode is
+        the last."""
         assert self.tools is not None
         tools = self.tools.bind(env)
-        calls = [run_call(b, tools, self.cfg.step_timeout_s) for b in bodies[: self.cfg.max_actions_per_turn]]
+        calls: list[ToolCall] = []
+        for body in bodies[: self.cfg.max_actions_per_turn]:
+            calls.append(call := run_call(body, tools, self.cfg.step_timeout_s))
+            if call.step is not None and call.step.ended:
+                break
+        steps = [c.step for c in calls if c.step is not None]
+        valid = [
+            bool(s.info.get("action_is_valid", True)) for s in steps
+        ]  # an invalid move costs as an action
         return self._turn(
             prompt,
             observation,
@@ -442,8 +453,9 @@ class EpisodeRunner:
             format_ok=True,
             actions=[],
             actions_valid=[],
-            reward=0.0,
-            penalty=self.cfg.format_penalty if any(c.penalized for c in calls) else 0.0,
+            reward=sum(step.reward for step in steps),
+            penalty=self.cfg.format_penalty if any(c.penalized for c in calls) or not all(valid) else 0.0,
+            infos=[{**s.info, "_terminated": s.terminated, "_truncated": s.truncated} for s in steps],
             tool_calls=calls,
         )
 

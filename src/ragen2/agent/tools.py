@@ -2,9 +2,12 @@
 
 A tool turn is the reasoning, ``</think>``, then one or more ``<tool_call>{"name": …, "arguments": {…}}
 </tool_call>`` blocks (Qwen2.5's and Hermes' format; the template renders the tools' JSON schemas into the
-system prompt and each result as a ``{"role": "tool"}`` message). The env does not move on a tool turn: each
-call runs, and the results are the next turn's prompt (prompt ids, never trained on). A turn that writes
-``<answer>…</answer>`` instead acts on the env as in text mode: the final answer still ends the episode.
+system prompt and each result as a ``{"role": "tool"}`` message). Each call runs, and the results are the next
+turn's prompt (prompt ids, never trained on). A tool answers with text, and the env does not move; or with an
+``EnvStep`` (the text, and gymnasium's reward, terminated, truncated and info): the tool moved the env, as an
+environment that acts through tools does (an MCP server's game, a verifiers tool env), and the turn takes its
+reward, success and end as a text turn takes its actions'. A call that ends the episode is the turn's last: the
+calls after it do not run. A turn that writes ``<answer>…</answer>`` instead acts on the env as in text mode.
 
 Tools come from ``env.tools``, a list of specs resolved at start-up (``Toolbox``):
 
@@ -15,8 +18,9 @@ Tools come from ``env.tools``, a list of specs resolved at start-up (``Toolbox``
 
 Bad model output is never a crash: a call that is not JSON, names no known tool, or whose arguments do not
 match the schema, and a tool that raises, answers with an error message to the policy and costs the turn one
-format penalty; a tool that overruns ``env.step_timeout_s`` answers with an error message and no penalty (the
-fault is the tool's). Each call counts in ``rollout/tool_calls``, each failure in ``rollout/tool_errors``.
+format penalty; a tool that overruns ``env.step_timeout_s``, or whose ``EnvStep`` carries a reward that is not a
+finite number (counted as 0), answers with an error message and no penalty (the fault is the tool's). Each call
+counts in ``rollout/tool_calls``, each failure in ``rollout/tool_errors``.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from ragen2_envs.base import EnvStep
 
 from ragen2.agent.render import THINK_CLOSE
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
@@ -37,8 +44,10 @@ from ragen2.log import log
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 MCP_PREFIX = "mcp:"
-#: ``ToolCall.error`` of a call past ``env.step_timeout_s``: the tool's fault, not the policy's
+#: ``ToolCall.error`` of a call past ``env.step_timeout_s``, and of an ``EnvStep`` whose reward is not a finite
+#: number: the tool's fault, not the policy's
 TIMEOUT = "timeout"
+BAD_REWARD = "reward"
 
 # reasoning, </think>, then only <tool_call> blocks (whitespace between them)
 _TURN = re.compile(
@@ -73,16 +82,36 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call as the policy wrote it, and the tool message that answered it."""
+    """One call as the policy wrote it, the tool message that answered it, and the env's step when the tool
+    moved the env."""
 
     name: str  # "" when the call did not parse
     arguments: dict[str, Any] | None  # None when they did not parse
     content: str  # the tool message's text
-    error: str = ""  # "" for a call that ran; else json | unknown_tool | arguments | raised | timeout
+    error: str = (
+        ""  # "" for a call that ran; else json | unknown_tool | arguments | raised | timeout | reward
+    )
+    step: EnvStep | None = None  # None: the env did not move
 
     @property
     def penalized(self) -> bool:
-        return bool(self.error) and self.error != TIMEOUT
+        return bool(self.error) and self.error not in (TIMEOUT, BAD_REWARD)
+
+    def as_record(self) -> dict[str, Any]:
+        """The call as a rollouts file keeps it (JSON: the step's numbers, not its info)."""
+        record = {
+            "name": self.name,
+            "arguments": self.arguments,
+            "content": self.content,
+            "error": self.error,
+        }
+        if self.step is not None:
+            record |= {
+                "reward": self.step.reward,
+                "terminated": self.step.terminated,
+                "truncated": self.step.truncated,
+            }
+        return record
 
 
 def function_tool(fn: Callable[..., Any], where: str) -> Tool:
@@ -180,8 +209,23 @@ def run_call(body: str, tools: Mapping[str, Tool], timeout_s: float | None) -> T
         return ToolCall(
             tool.name, arguments, f"Error: {tool.name} raised {type(err).__name__}: {err}", "raised"
         )
+    if isinstance(result, EnvStep):
+        return _moved(tool.name, arguments, result)
     content = result if isinstance(result, str) else json.dumps(result, default=str)
     return ToolCall(tool.name, arguments, content)
+
+
+def _moved(name: str, arguments: dict[str, Any], step: EnvStep) -> ToolCall:
+    """A call whose tool moved the env; a reward that is not a finite number counts as 0 and is a tool error."""
+    content = step.content if isinstance(step.content, str) else str(step.content)
+    try:
+        reward = float(step.reward)
+    except (TypeError, ValueError):
+        reward = math.nan
+    if math.isfinite(reward):
+        return ToolCall(name, arguments, content, step=replace(step, content=content, reward=reward))
+    log.warning("tool %s's env step gave reward %r; counted as 0 (rollout/tool_errors)", name, step.reward)
+    return ToolCall(name, arguments, content, BAD_REWARD, replace(step, content=content, reward=0.0))
 
 
 @dataclass

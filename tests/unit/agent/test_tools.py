@@ -4,11 +4,14 @@ retriever as a tool with the token contract intact."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from functools import partial
 
 import pytest
 import ragen2_envs
+from ragen2_envs import EnvStep
 from ragen2_envs.searchqa.env import SearchQAEnv
 
 from ragen2.agent import AgentConfig, EpisodeRunner
@@ -132,7 +135,10 @@ def test_a_hung_tool_is_cut_at_the_step_timeout_without_a_penalty(caplog: pytest
 @pytest.mark.parametrize(
     ("specs", "match"),
     [
-        (["fetch"], r"^env.tools\[0\]='fetch' is not a tool of SearchQAEnv \(its tools: search\)\. Fix:"),
+        (
+            ["fetch"],
+            r"^env.tools\[0\]='fetch' is not a tool of SearchQAEnv \(its tools: search, finish\)\. Fix:",
+        ),
         (["no_such_module:f"], r"^env.tools\[0\]='no_such_module:f' does not import .* Fix: an importable"),
         ([f"{__name__}:missing"], r"does not import \(AttributeError"),
         (["mcp: "], r"^env.tools\[0\]='mcp: ' names no command\. Fix:"),
@@ -178,14 +184,20 @@ def test_qwen_tool_results_are_wrapped_as_its_template_renders_them(qwen_tokeniz
     )
 
 
-def _searchqa_runner(tokenizer, layout: str = "sequence", max_turns: int = 5) -> EpisodeRunner:
+def _searchqa_runner(
+    tokenizer,
+    layout: str = "sequence",
+    max_turns: int = 5,
+    tools: tuple[str, ...] = ("search",),
+    actions: int = 1,
+) -> EpisodeRunner:
     return EpisodeRunner(
         partial(ragen2_envs.make, SEARCHQA),
         tokenizer,
-        AgentConfig(max_turns=max_turns, max_actions_per_turn=1, layout=layout),
-        SamplingParams(max_new_tokens=64),
+        AgentConfig(max_turns=max_turns, max_actions_per_turn=actions, layout=layout),
+        SamplingParams(max_new_tokens=96),
         env_id=SEARCHQA,
-        tools=Toolbox.from_specs(["search"], SearchQAEnv),
+        tools=Toolbox.from_specs(list(tools), SearchQAEnv),
     )
 
 
@@ -246,6 +258,75 @@ def _user_text(tok, ids: list[int]) -> str:
     """The user message's text inside ``ids`` (a turn's new prompt ids)."""
     text = tok.decode(ids)
     return text[text.rfind("<|im_start|>user\n") + len("<|im_start|>user\n") : text.rfind("<|im_end|>")]
+
+
+class _ToolSolver(ScriptedSampler):
+    """SearchQA's solver through function calls alone: each search on the hop chain a ``search`` call, the
+    gold answer a ``finish`` call, followed in the same turn by a search that must not run."""
+
+    def generate(self, prompts, params, seed, meta=None):
+        out = []
+        for prompt, m in zip(prompts, meta, strict=True):
+            kind, argument = re.fullmatch(r"(search|finish)\[(.*)\]", m.oracle).groups()
+            calls = [{"name": kind, "arguments": {"query" if kind == "search" else "answer": argument}}]
+            if kind == "finish":
+                calls.append({"name": "search", "arguments": {"query": "after the end"}})
+            text = "Next.</think>" + "".join(f"\n<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in calls)
+            out += ScriptedSampler(self.tokenizer, [text + "<|im_end|>"]).generate([prompt], params, seed)
+        return out
+
+
+def test_an_episode_runs_on_function_calls_alone_when_a_tool_moves_the_env(qwen_tokenizer) -> None:
+    """``finish`` moves the env (its ``EnvStep``): the turn takes its reward, success and end as the text action's;
+    the call after it in the same turn does not run; the saved record keeps the step's numbers."""
+    tok = qwen_tokenizer
+    runner = _searchqa_runner(tok, tools=("search", "finish"), actions=2)
+    episodes = runner.collect(Recorder(_ToolSolver(tok)), seeds=[0, 1, 2], group_size=2, sample_seed=0)
+    for ep in episodes:
+        assert ep.success and ep.terminated and ep.end_reason == "terminated" and ep.episode_return == 1.0
+        assert all(not t.actions and t.penalty == 0.0 for t in ep.turns) and len(ep.turns) >= 2
+        (last,) = ep.turns[-1].tool_calls  # the search after finish never ran
+        assert last.name == "finish" and last.error == "" and ep.turns[-1].reward == 1.0
+        assert all(
+            c.step is None for t in ep.turns[:-1] for c in t.tool_calls
+        )  # search answers, moves nothing
+        assert ep.to_record()["turns"][-1]["tool_calls"][0] | {"content": ""} == {
+            "name": "finish",
+            "arguments": {"answer": last.arguments["answer"]},
+            "content": "",
+            "error": "",
+            "reward": 1.0,
+            "terminated": True,
+            "truncated": False,
+        }
+    metrics = rollout_metrics(episodes)
+    assert metrics["success"] == 1.0 and metrics["tool_errors"] == 0.0
+
+
+def score(points: str) -> EnvStep:
+    """A move whose reward is whatever it is given.
+
+    Args:
+        points: The reward, as text.
+    """
+    return EnvStep(f"scored {points}", float(points), terminated=True)
+
+
+def test_a_moving_tool_with_a_bad_reward_or_an_invalid_move_goes_on(qwen_tokenizer) -> None:
+    """A reward that is not finite counts as 0 and is the tool's error (no penalty); an invalid move (an empty
+    answer) changes nothing, as an invalid action, and costs the turn a format penalty like one."""
+    tools = {"score": function_tool(score, "test")}
+    good, bad = (
+        run_call(json.dumps({"name": "score", "arguments": {"points": p}}), tools, 1.0) for p in ("2", "nan")
+    )
+    assert good.step == EnvStep("scored 2", 2.0, terminated=True) and not good.error
+    assert bad.error == "reward" and not bad.penalized and bad.step.reward == 0.0 and bad.step.ended
+    empty = 'Hm.</think><tool_call>{"name": "finish", "arguments": {"answer": " "}}</tool_call><|im_end|>'
+    runner = _searchqa_runner(qwen_tokenizer, max_turns=1, tools=("search", "finish"))
+    for ep in runner.collect(ScriptedSampler(qwen_tokenizer, [empty]), [0], 2, 0):
+        ((call,),) = [t.tool_calls for t in ep.turns]
+        assert call.step is not None and not call.step.ended and call.step.info["action_is_valid"] is False
+        assert ep.end_reason == "max_turns" and ep.turns[0].penalty == -0.1 and not ep.success
 
 
 def test_per_turn_renders_the_same_tool_conversation(qwen_tokenizer) -> None:
