@@ -1,10 +1,13 @@
 """Shared test helpers (``from helpers import …``): hand-made turns and episodes, env configs as composed, ports
-for the daemons and ranks a test starts, a scripted LM, packages outside ragen2 installed as a user's are."""
+for the daemons and ranks a test starts, a scripted LM, packages outside ragen2 installed as a user's are, and
+SearchQA's solver through its tools."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +21,7 @@ from omegaconf import DictConfig
 
 from ragen2.agent.episode import Episode, Turn
 from ragen2.config import compose
+from ragen2.rollout.scripted import ScriptedSampler
 
 
 def turn(
@@ -197,3 +201,19 @@ def trajectory_grid(
                 x = (*x, *(z or ids(4)), *ids(3))
             out.append(tuple(traj))
     return out
+
+
+class ToolSolver(ScriptedSampler):
+    """SearchQA's solver through function calls alone: each search on the hop chain a ``search`` call, the
+    gold answer a ``finish`` call, followed in the same turn by a search that must not run."""
+
+    def generate(self, prompts, params, seed, meta=None):
+        out = []
+        for prompt, m in zip(prompts, meta, strict=True):
+            kind, argument = re.fullmatch(r"(search|finish)\[(.*)\]", m.oracle).groups()
+            calls = [{"name": kind, "arguments": {"query" if kind == "search" else "answer": argument}}]
+            if kind == "finish":
+                calls.append({"name": "search", "arguments": {"query": "after the end"}})
+            text = "Next.</think>" + "".join(f"\n<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in calls)
+            out += ScriptedSampler(self.tokenizer, [text + "<|im_end|>"]).generate([prompt], params, seed)
+        return out

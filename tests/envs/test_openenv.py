@@ -9,6 +9,7 @@ training iteration whose episodes succeed and whose reasoning the MI pass scores
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,16 +19,23 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import gymnasium
 import pytest
 import ragen2_envs
+from helpers import ToolSolver
 
 from envs.adapted import ADAPTED, hide, train_one_iteration
 from envs.adapter_checks import ENV_CONTRACT, check_config_contract, collect
+from ragen2.agent import AgentConfig, EpisodeRunner
+from ragen2.agent.tools import Toolbox
 from ragen2.config import compose
 from ragen2.data.metrics import rollout_metrics
+from ragen2.data.rollout_config import EnvConfig
+from ragen2.errors import ConfigError
+from ragen2.rollout import SamplingParams
 from ragen2.train import run
 
 ADAPTER = ADAPTED["openenv"]
@@ -63,29 +71,41 @@ def _healthy(url: str, server: subprocess.Popen | None = None, log: Path | None 
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    """A real OpenEnv server of deterministic FrozenLake (every move happens as meant) on a thread of this
-    process, and SERVED_ID bound to it."""
+@contextlib.contextmanager
+def _served(env_id: str, env_kwargs: dict, tools: bool = False) -> Iterator[str]:
+    """A real OpenEnv server of ``env_id`` (its tools over MCP with ``tools``) on a thread of this process."""
     import uvicorn
     from ragen2_envs.openenv.server import app
 
     port = _free_port()
-    served = app("ragen2/FrozenLake-v0", {"success_rate": 1.0})
+    served = app(env_id, env_kwargs, tools=tools)
     server = uvicorn.Server(uvicorn.Config(served, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, name="openenv-test-server", daemon=True)
     thread.start()
-    url = _healthy(f"http://127.0.0.1:{port}")
-    gymnasium.register(
-        id=SERVED_ID,
-        entry_point="ragen2_envs.openenv.env:OpenEnvEnv",
-        kwargs={"base_url": url},
-        disable_env_checker=True,
-    )
-    yield url
-    gymnasium.registry.pop(SERVED_ID, None)
+    yield _healthy(f"http://127.0.0.1:{port}")
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """A server of deterministic FrozenLake (every move happens as meant), and SERVED_ID bound to it."""
+    with _served("ragen2/FrozenLake-v0", {"success_rate": 1.0}) as url:
+        gymnasium.register(
+            id=SERVED_ID,
+            entry_point="ragen2_envs.openenv.env:OpenEnvEnv",
+            kwargs={"base_url": url},
+            disable_env_checker=True,
+        )
+        yield url
+        gymnasium.registry.pop(SERVED_ID, None)
+
+
+@pytest.fixture(scope="module")
+def tool_url() -> Iterator[str]:
+    """An OpenEnv MCP environment: SearchQA's tools (search, and finish, which moves the env) served over MCP."""
+    with _served("ragen2/SearchQA-v0", {}, tools=True) as url:
+        yield url
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -231,3 +251,50 @@ def test_one_training_iteration_succeeds_and_the_mi_pass_scores_its_reasoning(
     assert metrics["rollout/turns"] > 1
     assert metrics["train/optimizer_steps"] >= 1
     assert metrics["diag/first_turn/valid_rows"] >= 2 and "diag/first_turn/mi_est" in metrics
+
+
+def test_an_mcp_environment_runs_on_the_tools_its_server_lists(qwen_tokenizer, tool_url: str) -> None:
+    """env.tools=['*']: the tools an OpenEnv MCP server lists at start-up are the policy's; each call is the
+    server's call_tool on the episode's session, and finish, which moves the env, ends an episode through a
+    real tool call with the reward and success the server sent."""
+    from ragen2_envs.openenv.env import OpenEnvEnv
+
+    make = partial(ragen2_envs.make, ENV_ID, base_url=tool_url)
+    box = Toolbox.from_specs(["*"], OpenEnvEnv, make)
+    assert [s["function"]["name"] for s in box.schemas] == ["search", "finish"]
+    assert box.schemas[1]["function"]["parameters"]["required"] == ["answer"]
+    agent = AgentConfig(max_turns=5, max_actions_per_turn=1)  # the solver cannot plan on a copy of a session
+    runner = EpisodeRunner(
+        make, qwen_tokenizer, agent, SamplingParams(max_new_tokens=96), env_id=ENV_ID, tools=box
+    )
+    episodes = runner.collect(ToolSolver(qwen_tokenizer), seeds=[0, 1], group_size=2, sample_seed=0)
+    for ep in episodes:
+        assert ep.success and ep.end_reason == "terminated" and ep.episode_return == 1.0
+        searches = [c for t in ep.turns[:-1] for c in t.tool_calls]
+        assert searches and all(c.content.startswith('Search results for "') for c in searches)
+        assert all(c.step is not None and not c.step.ended and c.step.reward == 0.0 for c in searches)
+        (last,) = ep.turns[-1].tool_calls  # one call a turn: the solver's search after it is cut
+        assert last.name == "finish" and last.step.terminated and last.step.reward == 1.0
+        assert "Your answer: " in last.content
+    assert rollout_metrics(episodes)["tool_errors"] == 0.0
+    env = make()
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="Unknown tool: 'browse'"):  # the server's refusal, for the policy
+        env.call_tool("browse", url="x")
+    env.close()
+
+
+def test_tools_from_a_server_that_lists_none_are_one_line_at_start_up(url: str, tmp_path: Path) -> None:
+    cfg = compose(
+        ["model=tiny_qwen2", "env=openenv", f"env.kwargs.base_url={url}", "env.tools=['*']"],
+        run_dir=str(tmp_path),
+    )
+    with pytest.raises(ConfigError) as caught:
+        run(cfg)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(
+        f"env.tools[0]='*': env.kwargs.base_url='{url}' does not list"
+    )
+    assert "Fix: point env.kwargs.base_url at an MCP environment" in message
+    with pytest.raises(ConfigError, match=r"^env.tools\[0\]='\*': FrozenLakeEnv has no tools"):
+        EnvConfig(id="ragen2/FrozenLake-v0", tools=["*"])

@@ -30,6 +30,11 @@ Where it departs from OpenEnv, so that nothing a server does ends a run:
 
 A URL where no server answers is a ``ValueError`` at construction naming ``env.kwargs.base_url``, which
 ``ragen2-train`` reports at start-up in one line.
+
+An OpenEnv MCP environment (actions ``list_tools`` and ``call_tool``) runs in ragen2's tool mode: under
+``env.tools=['*']`` its tools are what ``list_tools`` reports at start-up, and each call goes to the server as
+``call_tool`` on the episode's session (``call_tool``), its answer a step of the env (reward, done, success as
+above). A call the server refuses is an error message to the policy; a server that fails ends the episode.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, TypeVar
 
 from ragen2_envs.adapters import AnyText, bounded, event_loop, finite, on_loop, require
-from ragen2_envs.base import TextEnv
+from ragen2_envs.base import EnvStep, TextEnv
 from ragen2_envs.options import Range
 
 #: the id as conf/env/openenv.yaml names it (importing ragen2_envs.openenv registers it)
@@ -255,13 +260,17 @@ class OpenEnvEnv(TextEnv):
 
     def _read(self, result: Any) -> tuple[float, bool, bool, dict[str, Any]]:
         """The reply's text (to ``self.text``), reward, terminated, truncated and info."""
-        fields = result.observation if isinstance(result.observation, Mapping) else {}
+        self.text = self._text(_fields(result))
+        return self._outcome(result)
+
+    def _outcome(self, result: Any) -> tuple[float, bool, bool, dict[str, Any]]:
+        """The reply's reward, terminated, truncated and info."""
+        fields = _fields(result)
         metadata = fields.get("metadata") if isinstance(fields.get("metadata"), Mapping) else {}
 
         def field(key: str | None) -> Any:
             return None if key is None else fields.get(key, metadata.get(key))
 
-        self.text = self._text(fields)
         reward, is_finite = (0.0, True) if result.reward is None else finite(result.reward)
         self.earned += reward
         done = bool(result.done)
@@ -297,6 +306,66 @@ class OpenEnvEnv(TextEnv):
         shown = {k: v for k, v in fields.items() if k != "metadata"}
         return json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str)
 
+    # ---- tools (env.tools=["*"]) ------------------------------------------------------------------
+    def list_tools(self) -> list[dict[str, Any]]:
+        """The tools the server lists (an OpenEnv MCP environment's ``list_tools``) as OpenAI-style function
+        schemas; a ``ValueError`` naming ``env.kwargs.base_url`` where it lists none."""
+        hint = (
+            "Fix: point env.kwargs.base_url at an MCP environment (e.g. python -m ragen2_envs.openenv.server "
+            "ragen2/SearchQA-v0 --tools), or leave env.tools empty"
+        )
+        try:
+            result = self._ask_anew(lambda client: client.step({"type": "list_tools"}))
+        except ServerRefused as err:
+            raise ValueError(
+                f"env.kwargs.base_url={self.base_url!r} does not list tools ({err}). {hint}"
+            ) from None
+        tools = _fields(result).get("tools")
+        if not isinstance(tools, list) or not tools:
+            raise ValueError(f"env.kwargs.base_url={self.base_url!r} lists no tools. {hint}")
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": str(tool.get("name", "")),
+                    "description": str(tool.get("description") or ""),
+                    "parameters": tool.get("input_schema") or {"type": "object", "properties": {}},
+                },
+            }
+            for tool in tools
+            if isinstance(tool, Mapping)
+        ]
+
+    def call_tool(self, name: str, **arguments: Any) -> EnvStep:
+        """One call of the server's tool ``name`` (OpenEnv's ``call_tool``): its text and the step it made (the
+        reply's reward, done and fields, as for an action). A call the server could not run (an unknown tool,
+        arguments its schema refuses, a tool that raised) raises with the server's message, which the policy is
+        shown; a server that fails ends the episode, as at ``step``."""
+        if self.error is not None:
+            return EnvStep(
+                f"The environment did not respond: {self.error}.",
+                truncated=True,
+                info={"env_error": self.error},
+            )
+        if self.over:
+            return EnvStep("The episode is over.", info={"action_is_valid": False})
+        call = {"type": "call_tool", "tool_name": name, "arguments": arguments}
+        try:
+            result = self._ask(lambda client: client.step(call))
+        except ServerRefused as err:
+            raise RuntimeError(str(err)) from None
+        except Exception as err:
+            failed = self._lost(err, "mid-episode")
+            return EnvStep(
+                f"The environment did not respond: {failed}.", truncated=True, info={"env_error": failed}
+            )
+        fields = _fields(result)
+        error = fields.get("error")
+        if error:
+            raise RuntimeError(str(error.get("message", error)) if isinstance(error, Mapping) else str(error))
+        reward, terminated, truncated, info = self._outcome(result)
+        return EnvStep(bounded(_result_text(fields.get("result")))[0], reward, terminated, truncated, info)
+
     def oracle_action(self) -> str | None:
         """A known-good next action, where the server's state carries one in its field ``oracle_key`` (ragen2's
         own served envs do: ``oracle``)."""
@@ -309,3 +378,25 @@ class OpenEnvEnv(TextEnv):
             return None
         action = state.get(self.oracle_key) if isinstance(state, Mapping) else None
         return action if isinstance(action, str) else None
+
+
+def _fields(result: Any) -> Mapping[str, Any]:
+    """A reply's observation fields (none where the server sent no mapping)."""
+    return result.observation if isinstance(result.observation, Mapping) else {}
+
+
+def _result_text(result: Any) -> str:
+    """An MCP tool result's text: its text contents joined, else its data, else the whole as JSON."""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, Mapping):
+        texts = [
+            c["text"]
+            for c in result.get("content") or ()
+            if isinstance(c, Mapping) and isinstance(c.get("text"), str)
+        ]
+        if texts:
+            return "\n".join(texts)
+        if isinstance(result.get("data"), str):
+            return result["data"]
+    return json.dumps(result, sort_keys=True, ensure_ascii=False, default=str)

@@ -12,6 +12,9 @@ calls after it do not run. A turn that writes ``<answer>…</answer>`` instead a
 Tools come from ``env.tools``, a list of specs resolved at start-up (``Toolbox``):
 
 - ``<name>``: a tool of the env (a method it lists in ``tool_names``), bound to each episode's own env;
+- ``*``: every tool of the env: those it lists in ``tool_names``, or, for an env whose tools live on a server it
+  talks to (OpenEnv's MCP environments), those its ``list_tools()`` lists at start-up, each called through its
+  ``call_tool(name, **arguments)``;
 - ``<module>:<function>``: a Python function (type hints and a Google-style docstring give its JSON schema,
   as ``transformers.utils.get_json_schema`` reads them);
 - ``mcp:<command>``: every tool of an MCP server started locally over stdio (``ragen2.agent.mcp``).
@@ -32,6 +35,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from ragen2_envs.base import EnvStep
@@ -44,6 +48,7 @@ from ragen2.log import log
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 MCP_PREFIX = "mcp:"
+EVERY = "*"  # every tool of the env
 #: ``ToolCall.error`` of a call past ``env.step_timeout_s``, and of an ``EnvStep`` whose reward is not a finite
 #: number: the tool's fault, not the policy's
 TIMEOUT = "timeout"
@@ -234,16 +239,30 @@ class Toolbox:
     each episode's env (``bind``)."""
 
     shared: list[Tool] = field(default_factory=list)
-    env_tools: list[str] = field(default_factory=list)  # names of the env's methods
+    env_tools: list[str] = field(default_factory=list)  # names of the env's tools
     env_schemas: list[dict[str, Any]] = field(default_factory=list)
+    listed: set[str] = field(default_factory=set)  # the env's tools called through its call_tool
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], env_class: type) -> Toolbox:
-        """Resolve ``env.tools`` (``check_specs`` first), starting the MCP servers it names."""
+    def from_specs(
+        cls, specs: Sequence[str], env_class: type, make_env: Callable[[], Any] | None = None
+    ) -> Toolbox:
+        """Resolve ``env.tools`` (``check_specs`` first), starting the MCP servers it names; ``make_env`` makes the
+        env whose ``list_tools`` a ``*`` asks."""
         box = cls()
         for n, spec in enumerate(check_specs(specs, env_class)):
             where = f"env.tools[{n}]={spec!r}"
-            if spec.startswith(MCP_PREFIX):
+            if spec == EVERY and hasattr(env_class, "list_tools"):
+                schemas = _listed(env_class, make_env, where)
+                box.env_tools += [s["function"]["name"] for s in schemas]
+                box.env_schemas += schemas
+                box.listed.update(box.env_tools[-len(schemas) :])
+            elif spec == EVERY:
+                box.env_tools += env_class.tool_names
+                box.env_schemas += [
+                    function_tool(getattr(env_class, t), where).schema for t in env_class.tool_names
+                ]
+            elif spec.startswith(MCP_PREFIX):
                 from ragen2.agent.mcp import McpSession
 
                 server = McpSession(spec[len(MCP_PREFIX) :].strip(), where)
@@ -272,10 +291,27 @@ class Toolbox:
     def bind(self, env: Any) -> dict[str, Tool]:
         """Every tool by name, the env's own calling ``env``'s methods."""
         own = {
-            name: Tool(name, schema, getattr(env, name))
+            name: Tool(
+                name, schema, partial(env.call_tool, name) if name in self.listed else getattr(env, name)
+            )
             for name, schema in zip(self.env_tools, self.env_schemas, strict=True)
         }
         return {**own, **{t.name: t for t in self.shared}}
+
+
+def _listed(env_class: type, make_env: Callable[[], Any] | None, where: str) -> list[dict[str, Any]]:
+    """The tools an env of ``env_class`` lists (``list_tools``), asked of one env made for it."""
+    if make_env is None:
+        raise ConfigError(
+            f"{where}: {env_class.__name__} lists its tools at run time, and no env was made to ask"
+        )
+    env = make_env()
+    try:
+        return env.list_tools()
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    finally:
+        env.close()
 
 
 def check_specs(specs: Sequence[str], env_class: type) -> list[str]:
@@ -290,7 +326,13 @@ def check_specs(specs: Sequence[str], env_class: type) -> list[str]:
                 f"{where} is not a tool spec. Fix: a tool name, module:function or mcp:<command>"
             )
         spec = spec.strip()
-        if spec.startswith(MCP_PREFIX):
+        if spec == EVERY:
+            if not own and not hasattr(env_class, "list_tools"):
+                raise ConfigError(
+                    f"{where}: {env_class.__name__} has no tools (no tool_names, no list_tools). Fix: a "
+                    "module:function path or mcp:<command>, or leave env.tools empty (docs/tools.md)"
+                )
+        elif spec.startswith(MCP_PREFIX):
             if not spec[len(MCP_PREFIX) :].strip():
                 raise ConfigError(f"{where} names no command. Fix: e.g. 'mcp:python -m my_server'")
         elif ":" in spec:

@@ -40,8 +40,8 @@ class EnvConfig:
     (``rollout/env_timeouts``). 0 or null: no limit."""
     tools: list[str] = field(default_factory=list)
     """Tools the policy may call through its chat template's function-call format (empty: text actions only):
-    each a tool of the env (``search`` for SearchQA), a ``module:function`` or ``mcp:<command>`` (a local MCP
-    server's tools). Tool calls and results are its turns; ``<answer>`` still acts on the env (docs/tools.md)."""
+    each a tool of the env (``search`` for SearchQA; ``*``: every tool it has or its server lists), a
+    ``module:function`` or ``mcp:<command>`` (a local MCP server's tools). Tool calls and results are its turns; ``<answer>`` still acts on the env (docs/tools.md)."""
 
     def __post_init__(self) -> None:
         try:
@@ -154,7 +154,7 @@ class RolloutConfig:
             step_timeout_s=env.step_timeout_s,
             layout=self.layout,
         )
-        tools = Toolbox.from_specs(env.tools, ragen2_envs.env_class(env.id)) if env.tools else None
+        tools = Toolbox.from_specs(env.tools, ragen2_envs.env_class(env.id), env.make) if env.tools else None
         return EpisodeRunner(env.make, tokenizer, agent, self.params(), env_id=env.id, tools=tools)
 
     def saved(self) -> dict[str, Any]:

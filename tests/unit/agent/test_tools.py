@@ -5,12 +5,12 @@ retriever as a tool with the token contract intact."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from functools import partial
 
 import pytest
 import ragen2_envs
+from helpers import ToolSolver
 from ragen2_envs import EnvStep
 from ragen2_envs.searchqa.env import SearchQAEnv
 
@@ -260,28 +260,12 @@ def _user_text(tok, ids: list[int]) -> str:
     return text[text.rfind("<|im_start|>user\n") + len("<|im_start|>user\n") : text.rfind("<|im_end|>")]
 
 
-class _ToolSolver(ScriptedSampler):
-    """SearchQA's solver through function calls alone: each search on the hop chain a ``search`` call, the
-    gold answer a ``finish`` call, followed in the same turn by a search that must not run."""
-
-    def generate(self, prompts, params, seed, meta=None):
-        out = []
-        for prompt, m in zip(prompts, meta, strict=True):
-            kind, argument = re.fullmatch(r"(search|finish)\[(.*)\]", m.oracle).groups()
-            calls = [{"name": kind, "arguments": {"query" if kind == "search" else "answer": argument}}]
-            if kind == "finish":
-                calls.append({"name": "search", "arguments": {"query": "after the end"}})
-            text = "Next.</think>" + "".join(f"\n<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in calls)
-            out += ScriptedSampler(self.tokenizer, [text + "<|im_end|>"]).generate([prompt], params, seed)
-        return out
-
-
 def test_an_episode_runs_on_function_calls_alone_when_a_tool_moves_the_env(qwen_tokenizer) -> None:
     """``finish`` moves the env (its ``EnvStep``): the turn takes its reward, success and end as the text action's;
     the call after it in the same turn does not run; the saved record keeps the step's numbers."""
     tok = qwen_tokenizer
     runner = _searchqa_runner(tok, tools=("search", "finish"), actions=2)
-    episodes = runner.collect(Recorder(_ToolSolver(tok)), seeds=[0, 1, 2], group_size=2, sample_seed=0)
+    episodes = runner.collect(Recorder(ToolSolver(tok)), seeds=[0, 1, 2], group_size=2, sample_seed=0)
     for ep in episodes:
         assert ep.success and ep.terminated and ep.end_reason == "terminated" and ep.episode_return == 1.0
         assert all(not t.actions and t.penalty == 0.0 for t in ep.turns) and len(ep.turns) >= 2
