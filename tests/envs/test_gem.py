@@ -1,6 +1,6 @@
 """env=gem: GEM's games as multi-turn ragen2 environments (gem-llm 0.1.0, installed without its dependencies).
 
-The shared contract (tests/envs/test_all_envs.py) on the adapter, a group's byte-identical prompts, GEM's
+The shared contracts run on it in tests/envs/test_adapted.py; here: a group's byte-identical prompts, GEM's
 global generators kept apart from the process's, success with the oracle over several turns and not on a
 truncated game that still pays, unparseable moves, an id GEM does not have, and one real training iteration
 whose episodes succeed and whose reasoning the MI pass scores."""
@@ -15,7 +15,7 @@ import pytest
 import ragen2_envs
 
 from envs.adapted import ADAPTED, hide, train_one_iteration
-from envs.adapter_checks import ENV_CONTRACT, check_config_contract, collect
+from envs.adapter_checks import collect
 from ragen2.config import compose
 from ragen2.train import run
 
@@ -26,19 +26,6 @@ pytestmark = ADAPTER.needed()
 ORACLE = "I guess the number.</think><answer>{oracle}</answer>"
 UNPARSED = "A direction.</think><answer>Left</answer>"  # well-formed for ragen2; GEM reads no number in it
 UNCLOSED = "I keep thinking and never close the tag"
-
-
-@pytest.mark.parametrize(
-    "check",
-    ENV_CONTRACT,
-    ids=lambda check: check.__name__.removeprefix("test_"),
-)
-def test_the_shared_env_contract(check) -> None:
-    check(ENV_ID)
-
-
-def test_the_shared_config_contract(tokenizer) -> None:
-    check_config_contract(ADAPTER, tokenizer)
 
 
 def _collect(tokenizer, responses: list[str], seeds: list[int], group_size: int, **env_kw):

@@ -1,6 +1,6 @@
 """env=reasoning_gym: reasoning-gym's tasks as single-turn environments (the extra ``reasoning-gym``).
 
-The shared contract (tests/envs/test_all_envs.py) on the adapter, a group's byte-identical prompts, the task's
+The shared contracts run on it in tests/envs/test_adapted.py; here: a group's byte-identical prompts, the task's
 scorer as the reward with success a flag apart from it, bad answers and bad format, a task name that does not
 exist, and one real training iteration whose episodes succeed and whose reasoning the MI pass scores."""
 
@@ -12,7 +12,7 @@ import pytest
 import ragen2_envs
 
 from envs.adapted import ADAPTED, hide, train_one_iteration
-from envs.adapter_checks import ENV_CONTRACT, check_config_contract, collect
+from envs.adapter_checks import collect
 from ragen2.config import compose
 from ragen2.train import run
 
@@ -24,19 +24,6 @@ ORACLE = "I add the numbers up.</think><answer>{oracle}</answer>"
 WRONG = "A guess.</think><answer>not the answer</answer>"
 UNCLOSED = "I keep thinking and never close the tag"
 REPLIES = [ORACLE, WRONG, UNCLOSED]
-
-
-@pytest.mark.parametrize(
-    "check",
-    ENV_CONTRACT,
-    ids=lambda check: check.__name__.removeprefix("test_"),
-)
-def test_the_shared_env_contract(check) -> None:
-    check(ENV_ID)
-
-
-def test_the_shared_config_contract(tokenizer) -> None:
-    check_config_contract(ADAPTER, tokenizer)
 
 
 def _collect(tokenizer, responses: list[str], seeds: list[int], group_size: int, **env_kw):

@@ -3,8 +3,8 @@
 What ran, offline: ragen2's two example environments (``ragen2-arithmetic``: a single-turn taskset played by
 verifiers' ``SingleAgentEnv``; ``ragen2-guess``: a multi-turn ``Env`` that answers each guess through
 ``agent.interaction``), verifiers' own ``best-of-n`` Env and, as an outside package would ship them, a taskset
-and Envs written to a folder on sys.path by this file. The shared contract (tests/envs/test_all_envs.py) on
-the adapter, a group's byte-identical prompts, the rubric as the return with success a flag apart from it, a
+and Envs written to a folder on sys.path by this file. The shared contracts run on the adapter in
+tests/envs/test_adapted.py; here: a group's byte-identical prompts, the rubric as the return with success a flag apart from it, a
 multi-turn episode through the project's runner, what an environment may return or do (an empty or huge
 prompt, a non-finite reward, an error, a hang, a second rollout asking the policy), a taskset that is not
 installed and a missing package (one line at start-up each), and one real training iteration whose episodes
@@ -20,7 +20,7 @@ import pytest
 import ragen2_envs
 
 from envs.adapted import ADAPTED, hide, train_one_iteration
-from envs.adapter_checks import ENV_CONTRACT, check_config_contract, collect
+from envs.adapter_checks import collect
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
 from ragen2.config import compose
 from ragen2.train import run
@@ -103,19 +103,6 @@ def problems() -> Iterator[dict]:
     yield problems
     problems.clear()
     problems.update(before)
-
-
-@pytest.mark.parametrize(
-    "check",
-    ENV_CONTRACT,
-    ids=lambda check: check.__name__.removeprefix("test_"),
-)
-def test_the_shared_env_contract(check) -> None:
-    check(ENV_ID)
-
-
-def test_the_shared_config_contract(tokenizer) -> None:
-    check_config_contract(ADAPTER, tokenizer)
 
 
 def _collect(tokenizer, responses: list[str], seeds: list[int], group_size: int, **env_kw):
