@@ -703,8 +703,10 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes_into_it(
         (["+lr=0.5"], "lr=0.5 is not a key of ragen2-train's config"),
         (["rollout.groups=0"], "rollout.groups=0 must be ≥ 1"),
         (["algo.mini_batch_size=64"], "algo.mini_batch_size=64 exceeds the batch of rollout.groups"),
+        (["algo.optim.lr=-1"], "algo.optim.lr=-1 is out of range"),
+        (["filter.trajectory_fraction=0"], "filter.trajectory_fraction=0: the share of each group's rollouts"),
     ],
-    ids=["temperature", "ranks", "top-level-key", "node-range", "mini-batch"],
+    ids=["temperature", "ranks", "top-level-key", "node-range", "mini-batch", "algo", "filter"],
 )
 def test_the_run_checks_refuse_on_the_command_line_before_hydra_writes_anything(
     overrides: list[str], said: str, tmp_path: Path

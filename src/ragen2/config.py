@@ -125,8 +125,9 @@ def validate(cfg: DictConfig) -> None:
     _check_precision(cfg)
     _check_master_weights(cfg)
     check_writable(run_folders(cfg))
-    _check_built_nodes(cfg)
-    check_target_types(cfg)  # last: it imports the targets' modules
+    rollout = _check_built_nodes(cfg)
+    check_target_types(cfg)  # it imports the targets' modules
+    _check_built_targets(cfg, rollout)
 
 
 class SettingsCheck(Callback):
@@ -244,10 +245,10 @@ def check_seed_and_cap(cfg: DictConfig) -> None:
         )
 
 
-def _check_built_nodes(cfg: DictConfig) -> None:
+def _check_built_nodes(cfg: DictConfig) -> Any:
     """``env`` (its options against what the env declares), ``model`` (a source that loads here), ``rollout``
     and ``val`` (their ranges) as the objects their consumers build, then the mini-batch against the batch,
-    before Lightning starts and before Hydra makes the run folder."""
+    before Lightning starts and before Hydra makes the run folder; the built ``rollout``."""
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
     from ragen2.models.loading import ModelConfig
 
@@ -263,6 +264,16 @@ def _check_built_nodes(cfg: DictConfig) -> None:
     mini_batch = OmegaConf.select(cfg, "algo.mini_batch_size", default=8)
     check_type("algo.mini_batch_size", mini_batch, int, 8)
     check_batch(mini_batch, built["rollout"].groups, built["rollout"].group_size)
+    return built["rollout"]
+
+
+def _check_built_targets(cfg: DictConfig, rollout: Any) -> None:
+    """``algo``, with the estimators and critic Hydra builds in it, as ``PolicyModule`` is handed it, and the
+    ``filter`` with the sampler it needs, as the DataModule is: their own checks, before the run folder."""
+    from ragen2.modules.algo_config import AlgoConfig
+
+    settings(AlgoConfig, build(cfg.algo, _convert_="all"), "algo")
+    build(cfg.filter).check_sampler(rollout.sampler)
 
 
 def _check_temperature(cfg: DictConfig) -> None:
