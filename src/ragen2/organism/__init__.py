@@ -1,4 +1,4 @@
-"""The organism model (``model=organism``): a 2-layer Llama of about 60k parameters with a word-level
+"""The organism model (``model=organism``): a 2-layer Llama of 170k parameters (d 64) with a word-level
 tokenizer over exactly the words that the agent protocol and the TwoHop env write, built once and saved as a
 plain transformers folder, so that ``ragen2-train``, ``ragen2-warmstart``, ``ragen2-eval`` and
 ``ragen2-diagnose`` load it as they load any model (docs/organism.md).
