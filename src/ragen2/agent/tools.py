@@ -21,8 +21,8 @@ Tools come from ``env.tools``, a list of specs resolved at start-up (``Toolbox``
 
 Bad model output is never a crash: a call that is not JSON, names no known tool, or whose arguments do not
 match the schema, and a tool that raises, answers with an error message to the policy and costs the turn one
-format penalty; a tool that overruns ``env.step_timeout_s``, or whose ``EnvStep`` carries a reward that is not a
-finite number (counted as 0), answers with an error message and no penalty (the fault is the tool's). Each call
+format penalty; a tool that overruns ``env.step_timeout_s`` answers with an error message and no penalty, and an
+``EnvStep`` whose reward is not a finite number counts as 0 with no penalty (the fault is the tool's). Each call
 counts in ``rollout/tool_calls``, each failure in ``rollout/tool_errors``.
 """
 
@@ -93,9 +93,8 @@ class ToolCall:
     name: str  # "" when the call did not parse
     arguments: dict[str, Any] | None  # None when they did not parse
     content: str  # the tool message's text
-    error: str = (
-        ""  # "" for a call that ran; else json | unknown_tool | arguments | raised | timeout | reward
-    )
+    # "" for a call that ran; else json | unknown_tool | arguments | raised | timeout | reward
+    error: str = ""
     step: EnvStep | None = None  # None: the env did not move
 
     @property
@@ -289,7 +288,8 @@ class Toolbox:
         return [*self.env_schemas, *(t.schema for t in self.shared)]
 
     def bind(self, env: Any) -> dict[str, Tool]:
-        """Every tool by name, the env's own calling ``env``'s methods."""
+        """Every tool by name, the env's own calling ``env``: its methods, or its ``call_tool`` for the tools it
+        listed."""
         own = {
             name: Tool(
                 name, schema, partial(env.call_tool, name) if name in self.listed else getattr(env, name)
@@ -316,7 +316,8 @@ def _listed(env_class: type, make_env: Callable[[], Any] | None, where: str) -> 
 
 def check_specs(specs: Sequence[str], env_class: type) -> list[str]:
     """``env.tools`` checked without starting anything: each spec a tool ``env_class`` lists in ``tool_names``,
-    an importable ``module:function`` or an ``mcp:<command>``; a ``ConfigError`` naming the key and the fix."""
+    ``*`` for an env that has tools, an importable ``module:function`` or an ``mcp:<command>``; a ``ConfigError``
+    naming the key and the fix."""
     own = tuple(getattr(env_class, "tool_names", ()))
     checked = []
     for n, spec in enumerate(specs):
