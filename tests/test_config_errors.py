@@ -704,7 +704,10 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes_into_it(
         (["rollout.groups=0"], "rollout.groups=0 must be ≥ 1"),
         (["algo.mini_batch_size=64"], "algo.mini_batch_size=64 exceeds the batch of rollout.groups"),
         (["algo.optim.lr=-1"], "algo.optim.lr=-1 is out of range"),
-        (["filter.trajectory_fraction=0"], "filter.trajectory_fraction=0: the share of each group's rollouts"),
+        (
+            ["filter.trajectory_fraction=0"],
+            "filter.trajectory_fraction=0: the share of each group's rollouts",
+        ),
     ],
     ids=["temperature", "ranks", "top-level-key", "node-range", "mini-batch", "algo", "filter"],
 )
