@@ -330,3 +330,18 @@ def test_a_requeue_signal_elsewhere_raises_the_handlers_exit() -> None:
     done = _job(REQUEUE_IN_A_FINALIZER.replace("Closer()", "signal.raise_signal(signal.SIGUSR2)"))
     assert done.stdout.splitlines() == ["saved", "requeued"] and done.returncode == 255, done.stderr
     assert "Traceback" not in done.stderr  # a plain SystemExit, as submitit raises it
+
+
+def test_a_requeue_cut_short_by_slurms_sigterm_ends_the_job_as_requeued() -> None:
+    """SLURM's SIGTERM to the requeued step can kill ``scontrol requeue`` before it returns: the job is requeued,
+    and ends as submitit ends one (its exit), not as a failed job; any other failed command still raises."""
+    cut = REQUEUE_IN_A_FINALIZER.replace(
+        '    print("requeued", flush=True)\n    sys.exit(-1)',
+        '    import subprocess\n    raise subprocess.CalledProcessError(-15, ["scontrol", "requeue", "1"])',
+    ).replace("Closer()", "signal.raise_signal(signal.SIGUSR2)")
+    done = _job(cut)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "saved" and lines[1].endswith("ending it for the requeue"), done.stdout
+    assert done.returncode == 255 and "Traceback" not in done.stderr, done.stderr  # submitit's sys.exit(-1)
+    failed = _job(cut.replace("-15", "1"))  # scontrol refused: a real failure
+    assert failed.returncode == 1 and "CalledProcessError" in failed.stderr

@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -204,7 +205,18 @@ class _SaveFirst:
     def __call__(self, sig: int, frame: FrameType | None) -> None:
         self.save()
         try:
-            self.then(sig, frame)
+            try:
+                self.then(sig, frame)
+            except subprocess.CalledProcessError as err:
+                if not _requeue_cut(err):
+                    raise
+                # SLURM cancels the job's step as it requeues the job, and its SIGTERM can reach ``scontrol
+                # requeue`` (a process of the step) before it returns: the job is requeued, so end it as
+                # submitit ends a requeued job, not as a failure
+                log.warning(
+                    "%s ended by SIGTERM as SLURM requeued the job: ending it for the requeue", err.cmd
+                )
+                raise SystemExit(-1) from None
         except SystemExit as done:
             if not _in_finalizer(frame):
                 raise
@@ -215,6 +227,12 @@ class _SaveFirst:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(done.code if isinstance(done.code, int) else 1)
+
+
+def _requeue_cut(err: subprocess.CalledProcessError) -> bool:
+    """Whether ``err`` is ``scontrol requeue`` killed by SIGTERM (the requeue's own cancellation of the step)."""
+    cmd = err.cmd if isinstance(err.cmd, list | tuple) else str(err.cmd).split()
+    return list(cmd[:2]) == ["scontrol", "requeue"] and err.returncode == -signal.SIGTERM
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:
