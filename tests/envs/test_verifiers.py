@@ -12,8 +12,11 @@ succeed and whose reasoning the MI pass scores."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,8 +24,14 @@ import ragen2_envs
 
 from envs.adapted import ADAPTED, hide, train_one_iteration
 from envs.adapter_checks import collect
+from ragen2.agent import AgentConfig, EpisodeRunner
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
+from ragen2.agent.tools import Toolbox
 from ragen2.config import compose
+from ragen2.data.metrics import rollout_metrics
+from ragen2.errors import ConfigError
+from ragen2.rollout import SamplingParams
+from ragen2.rollout.scripted import ScriptedSampler
 from ragen2.train import run
 
 ADAPTER = ADAPTED["verifiers"]
@@ -222,6 +231,61 @@ def test_a_second_rollout_asking_the_policy_is_refused_and_counted(problems) -> 
         _, reward, terminated, _, info = env.step(env.oracle_action())
         assert (reward, terminated, info["success"]) == (pytest.approx(1.1), True, True)  # the first, scored
         assert problems["second_seat"] == refused
+
+
+class LookupSolver(ScriptedSampler):
+    """ragen2-lookup through a real tool call: ``lookup`` on the key the question names, then the code the
+    tool returned as the answer."""
+
+    def generate(self, prompts, params, seed, meta=None):
+        out = []
+        for prompt in prompts:
+            shown = self.tokenizer.decode(prompt)
+            results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", shown, re.S)
+            if results:
+                text = f"The tool said.</think><answer>{results[-1]}</answer>"
+            else:
+                call = {"name": "lookup", "arguments": {"key": re.findall(r"'(\w+)'", shown)[-1]}}
+                text = f"I look it up.</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+            out += ScriptedSampler(self.tokenizer, [text + "<|im_end|>"]).generate([prompt], params, seed)
+        return out
+
+
+def test_a_tool_env_runs_on_the_tools_its_tasks_serve(qwen_tokenizer, tmp_path: Path) -> None:
+    """env.tools=['*'] on ragen2-lookup: the tools are those verifiers' requests offer (the task's MCP tool
+    server, launched by verifiers for each rollout); each call reaches the server through ragen2's harness,
+    and an episode succeeds through a real tool call and the answer it made possible."""
+    from ragen2_envs.verifiers.env import VerifiersEnv
+    from ragen2_envs.verifiers.lookup import CODES
+
+    make = partial(ragen2_envs.make, ENV_ID, taskset="ragen2-lookup")
+    box = Toolbox.from_specs(["*"], VerifiersEnv, make)
+    assert [s["function"]["name"] for s in box.schemas] == ["lookup"]
+    assert box.schemas[0]["function"]["parameters"]["required"] == ["key"]
+    agent = AgentConfig(max_turns=3, max_actions_per_turn=1)
+    runner = EpisodeRunner(
+        make, qwen_tokenizer, agent, SamplingParams(max_new_tokens=96), env_id=ENV_ID, tools=box
+    )
+    episodes = runner.collect(LookupSolver(qwen_tokenizer), seeds=[0, 1], group_size=2, sample_seed=0)
+    for ep in episodes:
+        assert ep.success and ep.end_reason == "terminated" and ep.episode_return == 1.0
+        (call,) = ep.turns[0].tool_calls
+        assert call.name == "lookup" and call.content in CODES.values() and not call.error
+        assert ep.turns[1].actions == [call.content] and ep.turns[1].reward == 1.0
+    assert rollout_metrics(episodes)["tool_calls"] > 0 and rollout_metrics(episodes)["tool_errors"] == 0.0
+    # a key the table lacks: the tool's own error, for the policy to read (a tool error, not a crash)
+    env = make()
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match=r"no entry for 'dragon'"):
+        env.call_tool("lookup", key="dragon")
+    env.close()
+    # a taskset whose tasks serve no tools, asked for them: one line before training
+    cfg = compose(["model=tiny_qwen2", "env=verifiers", "env.tools=['*']"], run_dir=str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        run(cfg)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(
+        "env.tools[0]='*': env.kwargs.taskset='ragen2-arithmetic' offers the policy no tools"
+    )
 
 
 def test_a_taskset_that_is_not_installed_is_one_line_at_start_up(tmp_path: Path) -> None:

@@ -8,7 +8,12 @@ route on localhost); a request to it waits there until ragen2 answers. ``reset``
 returns when verifiers first asks the model; ``step`` answers that request with the agent's answer and returns
 at verifiers' next request (the env's next user turn) or at the episode's end, whose rubric is the reward: the
 weighted sum of the task's ``@vf.reward`` functions (and judges) on the seat's trace, ``trace.reward``. Each
-seat plays through ``harness.py`` (an in-process chat call, no tools) in verifiers' subprocess runtime.
+seat plays through ``harness.py`` (in-process chat calls) in verifiers' subprocess runtime.
+
+A task with tool servers (``Task.toolsets``) runs in ragen2's tool mode (``env.tools=['*']``): the harness offers
+the servers' tools in each request, ``list_tools`` reads them off an episode's first request, and ``call_tool``
+answers the waiting request with a reply that calls the tool; the harness runs it on the server and asks again
+with its result, which is the call's text (a result the harness marks ``ERROR`` raises as the tool's error).
 
 What the method needs of it:
 
@@ -50,7 +55,7 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Annotated, Any, ClassVar
 
 from ragen2_envs.adapters import AnyText, bounded, event_loop, finite, on_loop, require
-from ragen2_envs.base import TextEnv
+from ragen2_envs.base import EnvStep, TextEnv
 from ragen2_envs.options import Named, Range
 
 #: the id as conf/env/verifiers.yaml names it (importing ragen2_envs.verifiers registers it)
@@ -66,6 +71,7 @@ require("verifiers", ENV_ID, INSTALL)
 vf: Any = require("verifiers.v1", ENV_ID, INSTALL)
 web: Any = require("aiohttp.web", ENV_ID, INSTALL)  # verifiers' own server library
 SESSION_HEADER: str = require("verifiers.v1.clients.client", ENV_ID, INSTALL).SESSION_ID_HEADER
+ERROR: str = importlib.import_module("ragen2_envs.verifiers.harness").ERROR
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +80,10 @@ PLUGINS = {
     "ragen2-policy": "ragen2_envs.verifiers.harness",
     "ragen2-arithmetic": "ragen2_envs.verifiers.arithmetic",
     "ragen2-guess": "ragen2_envs.verifiers.guess",
+    "ragen2-lookup": "ragen2_envs.verifiers.lookup",
 }
 HARNESS = "ragen2-policy"
-EXAMPLES = ("ragen2-arithmetic", "ragen2-guess")
+EXAMPLES = ("ragen2-arithmetic", "ragen2-guess", "ragen2-lookup")
 #: what went wrong on verifiers' side in this process, by kind (episode_error, turn_timeout, second_seat,
 #: reward_invalid, observation_cut)
 problems: collections.Counter[str] = collections.Counter()
@@ -121,15 +128,34 @@ TASKSET = Named(
     _Tasksets(),
     "a verifiers taskset installed here",
     f"a taskset is a package that imports as its id: pip install it; {EXAMPLES[0]} (single-turn) and "
-    f"{EXAMPLES[1]} (multi-turn) ship with ragen2",
+    f"{EXAMPLES[1]} (multi-turn) and {EXAMPLES[2]} (tools) ship with ragen2",
 )
 
 
 # ---- ragen2's policy as an endpoint on the adapters' event loop -----------------------------------------
-def _completion(text: str, model: str) -> dict[str, Any]:
-    """An OpenAI chat completion whose one choice is ``text``."""
-    message = {"role": "assistant", "content": text}
-    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+#: ragen2's reply to a request: an assistant message (a text, or a tool call), None once ragen2 has left
+Reply = dict[str, Any] | None
+
+
+def _said(text: str) -> dict[str, Any]:
+    """The assistant's reply ``text``."""
+    return {"role": "assistant", "content": text}
+
+
+def _calls(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant's reply that calls the tool ``name`` (OpenAI's ``tool_calls``)."""
+    call = {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(dict(arguments), ensure_ascii=False)},
+    }
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def _completion(message: dict[str, Any], model: str) -> dict[str, Any]:
+    """An OpenAI chat completion whose one choice is ``message``."""
+    done = "tool_calls" if message.get("tool_calls") else "stop"
+    choice = {"index": 0, "message": message, "finish_reason": done}
     return {
         "id": f"ragen2-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -147,9 +173,10 @@ class _Episode:
     """One verifiers episode on the loop; its requests to the policy wait in ``asks`` for ragen2's answers."""
 
     def __init__(self, env: Any, task: Any, ctx: Any) -> None:
-        self.asks: asyncio.Queue[tuple[list[Any], asyncio.Future[str | None]]] = asyncio.Queue()
-        self.reply: asyncio.Future[str | None] | None = None  # the request waiting for ragen2's answer
+        self.asks: asyncio.Queue[tuple[list[Any], asyncio.Future[Reply]]] = asyncio.Queue()
+        self.reply: asyncio.Future[Reply] | None = None  # the request waiting for ragen2's answer
         self.seat: str | None = None  # the trace id of the seat that plays ragen2's policy (the first to ask)
+        self.tools: list[Any] = []  # the tools the seat's requests offer the model (its task's tool servers)
         self.run: asyncio.Future[Any] = asyncio.ensure_future(env.run_episode(task, ctx))
 
     async def ask(self, session: str | None, body: Mapping[str, Any]) -> Any:
@@ -158,17 +185,18 @@ class _Episode:
         if session != self.seat:
             _note("second_seat", f"a second seat of one episode asked ragen2's policy (trace {session})")
             return _refusal("ragen2's policy plays one seat of an episode; pin this seat's client", 400)
-        reply: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        messages = body.get("messages")
+        reply: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        messages, tools = body.get("messages"), body.get("tools")
+        self.tools = tools if isinstance(tools, list) else []
         await self.asks.put((messages if isinstance(messages, list) else [], reply))
-        text = await reply
-        if text is None:
+        message = await reply
+        if message is None:
             return _refusal("ragen2 has left this episode", 409)
-        return web.json_response(_completion(text, str(body.get("model"))))
+        return web.json_response(_completion(message, str(body.get("model"))))
 
-    async def next(self, answer: str | None) -> list[Any] | None:
-        """Answer the waiting request with ``answer`` (None: none waits); the next request's messages, or None
-        once the episode has ended."""
+    async def next(self, answer: Reply) -> list[Any] | None:
+        """Answer the waiting request with ``answer`` (None: none waits, or the first request); the next
+        request's messages, or None once the episode has ended."""
         if answer is not None and self.reply is not None and not self.reply.done():
             self.reply.set_result(answer)
         self.reply = None
@@ -353,9 +381,9 @@ class VerifiersEnv(TextEnv):
             return 0.0, False, True, {"env_error": self.error}
         if self.over or not action:
             return 0.0, False, False, {"action_is_valid": False}
-        return self._advance(bounded(action)[0], "after a reply")
+        return self._advance(_said(bounded(action)[0]), "after a reply")
 
-    def _advance(self, answer: str | None, when: str) -> tuple[float, bool, bool, dict[str, Any]]:
+    def _advance(self, answer: Reply, when: str) -> tuple[float, bool, bool, dict[str, Any]]:
         """Answer verifiers' waiting request (if ``answer``), then read its next request or the episode's
         end."""
         assert self.episode is not None
@@ -438,6 +466,42 @@ class VerifiersEnv(TextEnv):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit the loop may have gone first
             self._leave()
+
+    # ---- tools (env.tools=["*"]) ------------------------------------------------------------------
+    def list_tools(self) -> list[dict[str, Any]]:
+        """The tools the task's tool servers offer (OpenAI-style function schemas, as verifiers' requests to
+        the model carry them), read off the first request of an episode; a ``ValueError`` naming the taskset
+        where it offers none."""
+        if self.episode is None:
+            self.reset(seed=0)
+        tools = [
+            t for t in (self.episode.tools if self.episode is not None else []) if isinstance(t, Mapping)
+        ]
+        if not tools:
+            raise ValueError(
+                f"env.kwargs.taskset={self.taskset!r} offers the policy no tools (its tasks have no tool "
+                f"servers). Fix: a taskset whose tasks have toolsets (e.g. {EXAMPLES[2]}), or leave env.tools "
+                "empty"
+            )
+        return [dict(t) for t in tools]
+
+    def call_tool(self, name: str, **arguments: Any) -> EnvStep:
+        """One call of the tool ``name``: the policy's reply that calls it goes to verifiers, whose harness runs
+        it on the task's tool server; its result (the next request's tool message) is the call's text. A call the
+        server refuses or whose tool raises raises here with the server's message, which the policy is shown;
+        an episode verifiers ends instead is the step it made (its rubric's reward)."""
+        if self.error is not None:
+            return EnvStep(
+                f"The environment failed: {self.error}.", truncated=True, info={"env_error": self.error}
+            )
+        if self.over or self.episode is None:
+            return EnvStep("The episode is over.", info={"action_is_valid": False})
+        reward, terminated, truncated, info = self._advance(_calls(name, arguments), "after a tool call")
+        if terminated or truncated:
+            return EnvStep("The episode is over.", reward, terminated, truncated, info)
+        if self.text.startswith(ERROR):  # the harness's word for a call that failed: the tool's error
+            raise RuntimeError(self.text[len(ERROR) :])
+        return EnvStep(self.text, info=info)
 
     def oracle_action(self) -> str | None:
         """The task's known-good answer, where its data carries one in the field ``oracle_key`` (ragen2's
