@@ -53,9 +53,8 @@ def test_group_option_composes_and_instantiates(
         cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available()
     ):  # refused here (no GPU): the rest of the option is checked on CPU
         cfg.trainer.accelerator = "cpu"
-    validate(cfg)  # every value of every option fits its key's type
-    data = instantiate(cfg.data)
-    module = instantiate(cfg.module)
+    checked = validate(cfg)  # every value of every option fits its key's type
+    data, module = checked.handed(cfg.data), checked.handed(cfg.module)
     assert data.env.id == cfg.env.id
     assert module.algo.mini_batch_size == cfg.algo.mini_batch_size
     for node in ("callbacks", "logger"):
@@ -63,6 +62,28 @@ def test_group_option_composes_and_instantiates(
             if c is not None:
                 instantiate(c)
     instantiate(cfg.trainer)
+
+
+def test_the_run_is_handed_the_nodes_its_checks_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DataModule and the module get the env, rollout, val, filter, model and algo objects ``validate``
+    built (each built once), and Hydra builds what is not one of them; a data node of a user's without a
+    key is not given it."""
+    from ragen2.data import GroupFilter
+
+    cfg = compose(["model=tiny", "algo=dapo"], run_dir=str(tmp_path))
+    built, check = [], GroupFilter.__post_init__
+    monkeypatch.setattr(GroupFilter, "__post_init__", lambda self: (built.append(self), check(self))[1])
+    checked = validate(cfg)
+    data, module = checked.handed(cfg.data), checked.handed(cfg.module)
+    for name, value in (("env", data.env), ("rollout", data.rollout_cfg), ("val", data.val)):
+        assert value is checked.nodes[name]
+    assert data.filter is checked.nodes["filter"] and len(built) == 1
+    assert module.model_cfg is checked.nodes["model"] and module.algo is checked.nodes["algo"]
+    assert data.sampling is not None and data.sampling.max_rounds == cfg.algo.sampling.max_rounds  # by Hydra
+    del cfg.data.val
+    assert checked.handed(cfg.data).val == type(data.val)()  # the DataModule's default
 
 
 def test_gae_needs_the_critic_that_ppo_brings(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import importlib.util
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,37 @@ def build(node: Any, **kwargs: Any) -> Any:
         raise (cause if isinstance(cause, ConfigError) else ConfigError(str(cause))) from None
 
 
-def validate(cfg: DictConfig) -> None:
+@dataclass(frozen=True)
+class Checked:
+    """The nodes ``validate`` built to check them, handed to the DataModule and the module (``handed``) so
+    that each is built once: ``env``, ``model``, ``rollout``, ``val`` (settings), ``algo`` (with its
+    estimators and critic) and ``filter``."""
+
+    nodes: Mapping[str, Any]
+
+    def handed(self, node: DictConfig) -> Any:
+        """``node`` (``data``, ``module``) built with the checked objects in place of its keys that interpolate
+        a checked node (``filter: ${filter}``); Hydra builds the rest. Each object goes to the built partial,
+        not to ``instantiate``, which would turn a dataclass back into config."""
+        names = {key: _interpolated(node, key) for key in node if isinstance(key, str)}
+        given = {
+            key: self.nodes[name] for key, name in names.items() if name is not None and name in self.nodes
+        }
+        return build(node, _partial_=True, **dict.fromkeys(given))(**given)
+
+
+def _interpolated(node: DictConfig, key: str) -> str | None:
+    """The node ``key`` interpolates whole (``${filter}``: ``filter``), or None."""
+    value = node._get_node(key)._value()  # type: ignore[union-attr]
+    if isinstance(value, str) and value.startswith("${") and value.endswith("}") and value.count("$") == 1:
+        return value[2:-1]
+    return None
+
+
+def validate(cfg: DictConfig) -> Checked:
     """Checks before anything is built: the run's own keys, the sampling temperature, the ranks, the
-    precision, the folders the run writes, the types of what each ``_target_`` is given."""
+    precision, the folders the run writes, the types of what each ``_target_`` is given; the nodes it built
+    to check them (``Checked``)."""
     _check_nodes(cfg)
     check_top_level(cfg)
     _check_run_keys(cfg)
@@ -125,9 +154,9 @@ def validate(cfg: DictConfig) -> None:
     _check_precision(cfg)
     _check_master_weights(cfg)
     check_writable(run_folders(cfg))
-    rollout = _check_built_nodes(cfg)
+    nodes = _check_built_nodes(cfg)
     check_target_types(cfg)  # it imports the targets' modules
-    _check_built_targets(cfg, rollout)
+    return Checked({**nodes, **_check_built_targets(cfg)})
 
 
 class SettingsCheck(Callback):
@@ -245,14 +274,14 @@ def check_seed_and_cap(cfg: DictConfig) -> None:
         )
 
 
-def _check_built_nodes(cfg: DictConfig) -> Any:
-    """``env`` (its options against what the env declares), ``model`` (a source that loads here), ``rollout``
-    and ``val`` (their ranges) as the objects their consumers build, then the mini-batch against the batch,
-    before Lightning starts and before Hydra makes the run folder; the built ``rollout``."""
-    from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
+def _check_built_nodes(cfg: DictConfig) -> dict[str, Any]:
+    """``env`` (its options against what the env declares), ``model`` (a source that loads here) and ``val``
+    (its ranges) as the objects their consumers build, before Lightning starts and before Hydra makes the run
+    folder; the built nodes by key."""
+    from ragen2.data.rollout_config import EnvConfig, ValConfig
     from ragen2.models.loading import ModelConfig
 
-    nodes = {"env": EnvConfig, "model": ModelConfig, "rollout": RolloutConfig, "val": ValConfig}
+    nodes = {"env": EnvConfig, "model": ModelConfig, "val": ValConfig}
     built = {}
     for key, cls in nodes.items():
         try:
@@ -261,19 +290,24 @@ def _check_built_nodes(cfg: DictConfig) -> Any:
             raise
         except ValueError as err:  # a check that names its key (env.max_turns=0 …), as build() passes it on
             raise ConfigError(str(err)) from None
-    mini_batch = OmegaConf.select(cfg, "algo.mini_batch_size", default=8)
-    check_type("algo.mini_batch_size", mini_batch, int, 8)
-    check_batch(mini_batch, built["rollout"].groups, built["rollout"].group_size)
-    return built["rollout"]
+    return built
 
 
-def _check_built_targets(cfg: DictConfig, rollout: Any) -> None:
-    """``algo``, with the estimators and critic Hydra builds in it, as ``PolicyModule`` is handed it, and the
-    ``filter`` with the sampler it needs, as the DataModule is: their own checks, before the run folder."""
+def _check_built_targets(cfg: DictConfig) -> dict[str, Any]:
+    """``rollout`` (its ranges, its sampler's partial) and the mini-batch against its batch; ``algo``, with the
+    estimators and critic Hydra builds in it, as ``PolicyModule`` is handed it; the ``filter`` with the sampler
+    it needs, as the DataModule is: their own checks, before the run folder; the built nodes by key."""
+    from ragen2.data.rollout_config import RolloutConfig
     from ragen2.modules.algo_config import AlgoConfig
 
-    settings(AlgoConfig, build(cfg.algo, _convert_="all"), "algo")
-    build(cfg.filter).check_sampler(rollout.sampler)
+    rollout = settings(RolloutConfig, build(cfg.rollout, _convert_="all"), "rollout")
+    mini_batch = OmegaConf.select(cfg, "algo.mini_batch_size", default=8)
+    check_type("algo.mini_batch_size", mini_batch, int, 8)
+    check_batch(mini_batch, rollout.groups, rollout.group_size)
+    algo = settings(AlgoConfig, build(cfg.algo, _convert_="all"), "algo")
+    built = build(cfg.filter)
+    built.check_sampler(rollout.sampler)
+    return {"rollout": rollout, "algo": algo, "filter": built}
 
 
 def _check_temperature(cfg: DictConfig) -> None:

@@ -19,7 +19,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """Train with a composed config; returns the last iteration's metrics."""
     import gc
 
-    validate(cfg)  # before anything is built or imported (again: a config composed in Python)
+    checked = validate(cfg)  # before anything is built or imported (again: a config composed in Python)
 
     import lightning as L
 
@@ -38,8 +38,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     # one run at a time in the folder, and in a CSV logger's own folder elsewhere
     with claim([cfg.run_dir, *(m.parent for _, m in logger_metrics(cfg))], "ragen2-train"):
         L.seed_everything(cfg.seed, workers=True)
-        datamodule = build(cfg.data)
-        module = build(cfg.module)
+        datamodule = checked.handed(cfg.data)  # with the env, rollout, filter … the checks built
+        module = checked.handed(cfg.module)
         write_hydra_record(cfg)  # the run's .hydra/, now that every check has passed
         # a group entry set to null (callbacks.curves=null) switches that piece off
         callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]

@@ -23,22 +23,25 @@ from typing import Any  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from ragen2.cli import hydra_program  # noqa: E402
-from ragen2.config import build, check_seed_and_cap, check_top_level  # noqa: E402
+from ragen2.config import Checked, build, check_seed_and_cap, check_top_level  # noqa: E402
 from ragen2.lifecycle.folder import check_writable, claim  # noqa: E402
 from ragen2.log import log, quiet_lightning  # noqa: E402
 from ragen2.outputs import Output, check_output, replacing_folder  # noqa: E402
 from ragen2.settings import check_target_types, check_type, settings  # noqa: E402
 
 
-def check(cfg: DictConfig) -> None:
-    """Refuse settings that cannot work, before anything is built."""
+def check(cfg: DictConfig) -> Checked:
+    """Refuse settings that cannot work, before anything is built; the ``sft`` and ``model`` it built to check
+    them, handed to the module."""
     from ragen2.models.loading import ModelConfig
     from ragen2.modules.sft import SFTConfig
 
     check_top_level(cfg, "warmstart")
     check_seed_and_cap(cfg)
-    settings(SFTConfig, OmegaConf.to_container(cfg.sft, resolve=True), "sft")
-    settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")  # a folder that loads
+    sft = settings(SFTConfig, OmegaConf.to_container(cfg.sft, resolve=True), "sft")
+    model = settings(
+        ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model"
+    )  # a folder that loads
     check_writable([("run_dir", str(cfg.run_dir))])
     check_type("overwrite", cfg.overwrite, bool, False)
     source = Path(str(cfg.model.name_or_path)).expanduser()
@@ -46,18 +49,19 @@ def check(cfg: DictConfig) -> None:
     inputs = {"model.name_or_path": source if source.exists() else None, "run_dir": str(cfg.run_dir)}
     check_output(Output.model("output", Path(str(cfg.output))), inputs, cfg.overwrite)
     check_target_types(cfg)
+    return Checked({"sft": sft, "model": model})
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Warm-start with a composed config; returns what ``<output>/warmstart.json`` records."""
-    check(cfg)
+    checked = check(cfg)
     quiet_lightning()
     # one program at a time in the run folder and where the model lands; then Hydra's record
     with claim([cfg.run_dir, Path(str(cfg.output)).expanduser().parent], "ragen2-warmstart", cfg):
-        return _warmstart(cfg)
+        return _warmstart(cfg, checked)
 
 
-def _warmstart(cfg: DictConfig) -> dict[str, Any]:
+def _warmstart(cfg: DictConfig, checked: Checked) -> dict[str, Any]:
     import json
     import time
     from dataclasses import asdict
@@ -74,7 +78,7 @@ def _warmstart(cfg: DictConfig) -> dict[str, Any]:
     demos = datamodule.episodes
     log.info("%d demonstrations on %s, %d reply tokens", len(demos), datamodule.env.id, reply_tokens(demos))
     log.info("the first: %s", describe(demos[0]))
-    module = build(cfg.module)
+    module = checked.handed(cfg.module)
     loggers = [build(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer = build(cfg.trainer, logger=loggers)
     trainer.fit(module, datamodule=datamodule)

@@ -441,9 +441,8 @@ class EpisodeRunner:
             if call.step is not None and call.step.ended:
                 break
         steps = [c.step for c in calls if c.step is not None]
-        valid = [
-            bool(s.info.get("action_is_valid", True)) for s in steps
-        ]  # an invalid move costs as an action
+        # an invalid move costs as an action
+        valid = [bool(s.info.get("action_is_valid", True)) for s in steps]
         return self._turn(
             prompt,
             observation,

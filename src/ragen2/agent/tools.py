@@ -256,11 +256,6 @@ class Toolbox:
                 box.env_tools += [s["function"]["name"] for s in schemas]
                 box.env_schemas += schemas
                 box.listed.update(box.env_tools[-len(schemas) :])
-            elif spec == EVERY:
-                box.env_tools += env_class.tool_names
-                box.env_schemas += [
-                    function_tool(getattr(env_class, t), where).schema for t in env_class.tool_names
-                ]
             elif spec.startswith(MCP_PREFIX):
                 from ragen2.agent.mcp import McpSession
 
@@ -271,9 +266,10 @@ class Toolbox:
                 ]
             elif ":" in spec:
                 box.shared.append(function_tool(_import(spec, where), where))
-            else:
-                box.env_tools.append(spec)
-                box.env_schemas.append(function_tool(getattr(env_class, spec), where).schema)
+            else:  # one of the env's tool_names, or (*) every one
+                names = list(env_class.tool_names) if spec == EVERY else [spec]
+                box.env_tools += names
+                box.env_schemas += [function_tool(getattr(env_class, t), where).schema for t in names]
         names = [t.name for t in box.shared] + box.env_tools
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
