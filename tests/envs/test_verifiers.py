@@ -86,6 +86,18 @@ class MisbehavesEnv(vf.Env[MisbehavesConfig]):
 
 __all__ = ["MisbehavesEnv"]
 """,
+    "echo_broken": """
+import verifiers.v1 as vf
+
+class BrokenConfig(vf.EnvConfig):
+    agent: vf.AgentConfig = vf.AgentConfig()
+
+class BrokenEnv(vf.Env[BrokenConfig]):
+    async def run(self, task, agents):
+        raise RuntimeError("broken before asking")
+
+__all__ = ["BrokenEnv"]
+""",
 }
 
 
@@ -251,7 +263,9 @@ class LookupSolver(ScriptedSampler):
         return out
 
 
-def test_a_tool_env_runs_on_the_tools_its_tasks_serve(qwen_tokenizer, tmp_path: Path) -> None:
+def test_a_tool_env_runs_on_the_tools_its_tasks_serve(
+    outside, problems, qwen_tokenizer, tmp_path: Path
+) -> None:
     """env.tools=['*'] on ragen2-lookup: the tools are those verifiers' requests offer (the task's MCP tool
     server, launched by verifiers for each rollout); each call reaches the server through ragen2's harness,
     and an episode succeeds through a real tool call and the answer it made possible."""
@@ -279,6 +293,10 @@ def test_a_tool_env_runs_on_the_tools_its_tasks_serve(qwen_tokenizer, tmp_path: 
     with pytest.raises(RuntimeError, match=r"no entry for 'dragon'"):
         env.call_tool("lookup", key="dragon")
     env.close()
+    # an env that fails before it asks the policy has no tools to offer: its error, not "no tools"
+    broken = ragen2_envs.make(ENV_ID, taskset="echo_words", env="echo_broken")
+    with pytest.raises(ValueError, match=r"did not get as far as offering tools .*broken before asking"):
+        broken.list_tools()
     # a taskset whose tasks serve no tools, asked for them: one line before training
     cfg = compose(["model=tiny_qwen2", "env=verifiers", "env.tools=['*']"], run_dir=str(tmp_path))
     with pytest.raises(ConfigError) as caught:

@@ -474,6 +474,11 @@ class VerifiersEnv(TextEnv):
         where it offers none."""
         if self.episode is None:
             self.reset(seed=0)
+        if self.error is not None:
+            raise ValueError(
+                f"env.kwargs.taskset={self.taskset!r} did not get as far as offering tools ({self.error}). Fix: "
+                "a taskset and env that run here (try it without env.tools)"
+            )
         tools = [
             t for t in (self.episode.tools if self.episode is not None else []) if isinstance(t, Mapping)
         ]
