@@ -316,6 +316,34 @@ def claim_b2(points: list[tuple[float, float, bool]], expected: int | None = Non
     return {"runs": len(points), **fit._asdict(), "verdict": "partial" if partial else verdict}
 
 
+def trend_exact(points: list[tuple[float, float, bool]]) -> float:
+    """Not registered (PROTOCOL.md's (b2) is the Wald test above, which has no value where the runs are
+    separated by p₀): the exact one-sided permutation p of the Cochran–Armitage trend, Σ x over the collapsed
+    runs (x = log(β/(1 − p₀))), against every way of choosing as many collapsed runs among them, counted level
+    by level: P(S ≥ S_observed) = Σ_{c: Σc = k, Σ c·x ≥ S} Π C(n_level, c_level) / C(n, k)."""
+    levels: dict[float, list[bool]] = {}
+    for b, p0, c in points:
+        levels.setdefault(round(math.log(b / (1 - p0)), 12), []).append(c)
+    xs, ns = list(levels), [len(v) for v in levels.values()]
+    k = sum(sum(v) for v in levels.values())
+    observed = sum(x * sum(v) for x, v in levels.items())
+    ways: dict[tuple[int, float], int] = {(0, 0.0): 1}  # (collapses chosen so far, their Σ x) -> ways
+    for x, n in zip(xs, ns, strict=True):
+        ways = _chosen(ways, x, n, k)
+    hits = sum(w for (c, total), w in ways.items() if c == k and total >= observed - 1e-9)
+    return hits / math.comb(sum(ns), k)
+
+
+def _chosen(ways: dict[tuple[int, float], int], x: float, n: int, k: int) -> dict[tuple[int, float], int]:
+    """``ways`` after one more level of ``n`` runs at ``x``, of which 0 … n are chosen (at most k in all)."""
+    out: dict[tuple[int, float], int] = {}
+    for (c, total), w in ways.items():
+        for j in range(min(n, k - c) + 1):
+            key = (c + j, round(total + j * x, 9))
+            out[key] = out.get(key, 0) + w * math.comb(n, j)
+    return out
+
+
 #: the main stage's share of zero-variance prompts (the dose stage's fourth level, PROTOCOL.md stage 3)
 MAIN_P0 = 0.75
 DOSE_SEEDS = 10
@@ -383,6 +411,7 @@ def dose_stage() -> dict[str, object]:
         "phase": table,
         "b2": b2,
         "top_p_trend": claim_b2(points["top_p"], expected),
+        "trend_exact": {f: trend_exact(points[f]) for f in ("none", "top_p")},  # not registered
         "b1": b1,
         "b": {"verdict": b},
     }
@@ -413,6 +442,9 @@ def dose_markdown(result: dict[str, object]) -> str:
     return (
         f"# Dose-response (claim (b))\n\n(b): {result['b']['verdict']}; (b1): {result['b1']['verdict']}; "  # type: ignore[index]
         f"(b2): {b2['verdict']}, {fit(b2)}; `top_p`'s rate on the same axis: {fit(top)}\n\n"  # type: ignore[index]
+        + "Not registered (the Wald test has no value where the runs are separated by p₀): the exact one-sided "
+        + "trend test of collapse on the same axis gives p = {none:.2g} without a filter, {top_p:.2g} for "
+        + "`top_p`.\n\n".format(**result["trend_exact"])  # type: ignore[arg-type]
         + _table(rows, keys)
         + "\n\n![phase](dose.png)\n"
     )

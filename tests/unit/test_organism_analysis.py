@@ -167,6 +167,18 @@ def test_claim_b2_fits_collapse_on_the_regulariser_to_task_ratio(analyze) -> Non
     assert analyze.claim_b2([(0.1, 0.5, False)] * 3)["verdict"] == "partial"
 
 
+def test_the_exact_trend_test_counts_every_choice_of_the_collapsed_runs(analyze) -> None:
+    # two runs at each of two levels, both collapses at the higher: 1 of the C(4, 2) = 6 choices sums as high
+    assert analyze.trend_exact([(0.1, 0.5, False)] * 2 + [(0.1, 0.9, True)] * 2) == pytest.approx(1 / 6)
+    # one collapse at each level: the 4 choices with one at the higher level or both there, of 6 (5/6)
+    mixed = [(0.1, 0.5, True), (0.1, 0.5, False), (0.1, 0.9, True), (0.1, 0.9, False)]
+    assert analyze.trend_exact(mixed) == pytest.approx(5 / 6)
+    # 10 at each of four levels, none collapsed at the two lowest, 9 and 10 at the others: only the
+    # observed choice (C(10, 9) ways) reaches its sum, of C(40, 19)
+    dose = [(0.1, p0, i < k) for p0, k in ((0.25, 0), (0.5, 0), (0.75, 9), (0.9, 10)) for i in range(10)]
+    assert analyze.trend_exact(dose) == pytest.approx(10 / math.comb(40, 19))
+
+
 def test_the_dose_axis_reads_p0_from_the_cell_and_b2_waits_for_its_runs(analyze) -> None:
     assert analyze.p0_of("none_b0.1_p00.25") == 0.25 and analyze.p0_of("top_p_b0.1_p00.9") == 0.9
     assert analyze.p0_of("none_b0.1") == analyze.MAIN_P0 == 0.75  # the main stage's level
