@@ -442,9 +442,11 @@ def dose_markdown(result: dict[str, object]) -> str:
     return (
         f"# Dose-response (claim (b))\n\n(b): {result['b']['verdict']}; (b1): {result['b1']['verdict']}; "  # type: ignore[index]
         f"(b2): {b2['verdict']}, {fit(b2)}; `top_p`'s rate on the same axis: {fit(top)}\n\n"  # type: ignore[index]
-        + "Not registered (the Wald test has no value where the runs are separated by p₀): the exact one-sided "
-        + "trend test of collapse on the same axis gives p = {none:.2g} without a filter, {top_p:.2g} for "
-        + "`top_p`.\n\n".format(**result["trend_exact"])  # type: ignore[arg-type]
+        + (
+            "Not registered (the Wald test has no value where the runs are separated by p₀): the exact one-sided "
+            "trend test of collapse on the same axis gives p = {none:.2g} without a filter, {top_p:.2g} for "
+            "`top_p`.\n\n"
+        ).format(**result["trend_exact"])  # type: ignore[arg-type]
         + _table(rows, keys)
         + "\n\n![phase](dose.png)\n"
     )
