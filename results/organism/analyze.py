@@ -423,6 +423,8 @@ def dose_markdown(result: dict[str, object]) -> str:
     def fit(r: dict[str, object]) -> str:
         if "slope" not in r:
             return f"no fit ({r['runs']} runs)"
+        if not math.isfinite(r["p_value"]):  # type: ignore[arg-type]
+            return f"no finite fit: the runs are separated by p₀ (Newton stopped at slope {r['slope']:+.2f}), {r['runs']} runs"
         return f"slope {r['slope']:+.2f} ± {r['slope_se']:.2f} (Wald p {r['p_value']:.3g}), {r['runs']} runs"
 
     rows = [
