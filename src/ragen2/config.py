@@ -127,16 +127,16 @@ class Checked:
         """``node`` (``data``, ``module``) built with the checked objects in place of its keys that interpolate
         a checked node (``filter: ${filter}``); Hydra builds the rest. Each object goes to the built partial,
         not to ``instantiate``, which would turn a dataclass back into config."""
-        names = {key: _interpolated(node, key) for key in node if isinstance(key, str)}
+        raw = OmegaConf.to_container(node, resolve=False)  # interpolations as written: "${filter}"
+        assert isinstance(raw, dict)
         given = {
-            key: self.nodes[name] for key, name in names.items() if name is not None and name in self.nodes
+            str(key): self.nodes[value[2:-1]] for key, value in raw.items() if _whole(value) in self.nodes
         }
         return build(node, _partial_=True, **dict.fromkeys(given))(**given)
 
 
-def _interpolated(node: DictConfig, key: str) -> str | None:
-    """The node ``key`` interpolates whole (``${filter}``: ``filter``), or None."""
-    value = node._get_node(key)._value()  # type: ignore[union-attr]
+def _whole(value: Any) -> str | None:
+    """The node a value interpolates whole (``${filter}``: ``filter``), or None."""
     if isinstance(value, str) and value.startswith("${") and value.endswith("}") and value.count("$") == 1:
         return value[2:-1]
     return None

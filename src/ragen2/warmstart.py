@@ -39,9 +39,8 @@ def check(cfg: DictConfig) -> Checked:
     check_top_level(cfg, "warmstart")
     check_seed_and_cap(cfg)
     sft = settings(SFTConfig, OmegaConf.to_container(cfg.sft, resolve=True), "sft")
-    model = settings(
-        ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model"
-    )  # a folder that loads
+    # a folder that loads
+    model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
     check_writable([("run_dir", str(cfg.run_dir))])
     check_type("overwrite", cfg.overwrite, bool, False)
     source = Path(str(cfg.model.name_or_path)).expanduser()

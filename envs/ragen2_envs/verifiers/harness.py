@@ -73,7 +73,7 @@ class PolicyHarness(vf.Harness[PolicyHarnessConfig]):
             messages += [message_to_wire(message) for message in prompt or []]
         servers = {"mcpServers": {name: {"url": url} for name, url in mcp_urls.items()}}
         async with contextlib.AsyncExitStack() as held:
-            tools, dispatch, clients = await connect_mcp(servers, held) if mcp_urls else ([], {}, {})
+            tools, dispatch, clients = await connect_mcp(servers, held)  # none without servers
             for _ in range(MAX_CALLS + 1):
                 reply = await _http(asyncio.get_running_loop()).post(
                     f"{endpoint}/chat/completions",
@@ -107,7 +107,7 @@ async def _run_call(clients: dict[str, Any], dispatch: dict[str, Any], function:
     except json.JSONDecodeError as err:
         return f"{ERROR}the arguments are not JSON ({err})"
     server, tool = dispatch[name]
-    try:
+    try:  # through the connection as verifiers' call_mcp does, keeping the result's is_error, which it drops
         result = await clients[server].run(
             lambda client: client.call_tool(tool, arguments if isinstance(arguments, dict) else {})
         )
