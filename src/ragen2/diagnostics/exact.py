@@ -18,7 +18,8 @@ sentence count as mass outside the grammar.
 
 Cost: the sentences form a prefix tree, scored under each prompt in one forward of the tree's inner nodes
 (each node sees the prompt's cache and its own ancestors), from the prompt caches ``cross_score`` walks: Σ
-over prompts of the tree's inner nodes, 325 positions a prompt for the organism's 256 sentences of 4 tokens.
+over prompts of the tree's inner nodes, 547 positions a prompt for the organism's 512 sentences of 4 tokens;
+the LM head runs on those nodes too, each child's log-prob read off its parent's row.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from ragen2.algos.logprobs import token_stats
+from ragen2.algos.logprobs import chunk_rows_for
 from ragen2.diagnostics.cross_scoring import cache_batches, embedding_weight, scoring
 from ragen2.models.forward import lm_head
-from ragen2.models.kv import as_cache, cache_len
+from ragen2.models.kv import as_cache, cache_layers, cache_len
 
 EXACT = "exact"  # the figures' name: diag/exact/*
 EXACT_KEYS = ("mi", "cond_entropy", "entropy", "grammar_mass", "mi_upper_bound", "prompts", "sentences")
@@ -121,19 +122,32 @@ def grammar_logprobs(
     ancestry, paths = _ancestry(tree, order), _paths(tree)
     depths = [tree.depth[node] for node in order]
     levels = [(depths.index(d), len(depths) - depths[::-1].index(d)) for d in sorted(set(depths))]
+    # the deepest level (most of the nodes) in segments as wide as what they attend to besides themselves: each
+    # segment's attention is segment × (prompt + shallower + segment), not level × (prompt + whole tree)
+    deepest = levels[-1][0]
+    segments = levels[:-1] + [
+        (s, min(s + max(deepest, 64), len(order))) for s in range(deepest, len(order), max(deepest, 64))
+    ]
     distinct = [tuple(int(t) for t in p) for p in prompts]
     device = model.device
-    dtype = embedding_weight(model).dtype
+    dtype, vocab = embedding_weight(model).dtype, embedding_weight(model).shape[0]
     out = torch.zeros(len(distinct), len(sentences), dtype=torch.float64)
     columns = max(1, max_batch_positions // len(order))
     with scoring(model):
         for rows, stacked, _ in cache_batches(model, distinct, "exact MI", columns):
             past = cache_len(stacked)
             inputs = torch.tensor([[distinct[j][-1], *(tree.token[n] for n in order[1:])] for j in rows])
-            cache, hidden = as_cache(stacked), []
-            for start, stop in levels:
+            kv, hidden = stacked, []
+            for start, stop in segments:
+                # a segment sees the prompt, the shallower levels (their keys and values in ``kv``) and itself;
+                # a deeper level's needs the segment's own, and the deepest level's are never read again
                 allowed = torch.cat(
-                    [torch.ones(stop - start, past, dtype=torch.bool), ancestry[start:stop, :stop]], dim=1
+                    [
+                        torch.ones(stop - start, past, dtype=torch.bool),
+                        ancestry[start:stop, : min(start, deepest)],
+                        ancestry[start:stop, start:stop],
+                    ],
+                    dim=1,
                 )
                 mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
                 level = model.get_decoder()(
@@ -142,14 +156,37 @@ def grammar_logprobs(
                     position_ids=torch.tensor([past + d for d in depths[start:stop]], device=device).expand(
                         len(rows), -1
                     ),
-                    past_key_values=cache,
+                    past_key_values=as_cache(kv),
                     use_cache=True,
                 )
-                cache = level.past_key_values
-                hidden.append(level.last_hidden_state)  # [b, nodes of the level, H]
-            picked = torch.cat(hidden, dim=1)[:, parent_rows.to(device)].reshape(-1, hidden[0].shape[-1])
-            logp, _ = token_stats(picked, targets.to(device).repeat(len(rows)), lm_head(model))
+                if start < deepest:
+                    kv = cache_layers(level.past_key_values, "exact MI")
+                hidden.append(level.last_hidden_state)  # [b, nodes of the segment, H]
+            inner = torch.cat(hidden, dim=1).reshape(-1, hidden[0].shape[-1])  # [b · inner nodes, H]
+            # child c of row j reads the log-softmax of its parent's row: flat row j · inner + parent_rows[c]
+            parents = (torch.arange(len(rows))[:, None] * len(order) + parent_rows).reshape(-1)
+            logp = child_logprobs(
+                inner, parents.to(device), targets.to(device).repeat(len(rows)), lm_head(model), vocab
+            )
             out[rows] = logp.double().cpu().view(len(rows), -1) @ paths.T
+    return out
+
+
+def child_logprobs(
+    inner: Tensor, parents: Tensor, targets: Tensor, head: torch.nn.Module, vocab: int
+) -> Tensor:
+    """[C] ``log softmax(head(inner[parents[c]]))[targets[c]]``, in fp32 (fp64 for an fp64 model): the head
+    runs once per inner node, not once per child (half the rows for the organism's tree: 547 inner nodes,
+    1,058 children), a chunk of rows at a time (``chunk_rows_for``) so that no [nodes, V] tensor outlives its
+    chunk at any vocabulary."""
+    out = torch.empty(
+        parents.shape[0], dtype=torch.promote_types(inner.dtype, torch.float32), device=inner.device
+    )
+    rows = chunk_rows_for(vocab)
+    for start in range(0, inner.shape[0], rows):
+        logsoftmax = head(inner[start : start + rows]).to(out.dtype).log_softmax(-1)
+        here = (parents >= start) & (parents < start + rows)
+        out[here] = logsoftmax[parents[here] - start, targets[here]]
     return out
 
 

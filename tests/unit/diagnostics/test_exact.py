@@ -73,3 +73,15 @@ def test_tree_scores_equal_per_pair_forwards(small_llama: LlamaForCausalLM) -> N
         j, g = prompts.index(x), sentences.index(z)
         assert float(tree[j, g]) == pytest.approx(float(naive.logp_sum[r, naive.prompt_index[r]]), abs=2e-4)
     assert tree.dtype == torch.float64 and tree.shape == (4, 5)
+
+
+def test_a_wide_deepest_level_runs_in_segments_with_the_same_scores(small_llama: LlamaForCausalLM) -> None:
+    # 100 sentences of 3 tokens: the deepest inner level holds 100 nodes, scored in two segments (64 + 36), each
+    # seeing the prompt and the shallower levels but not the other segment; every score as a per-pair forward
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    sentences = [[40 + a, 60 + b, 99] for a in range(10) for b in range(10)]
+    tree = grammar_logprobs(small_llama, prompts, sentences)
+    naive = naive_cross_score(small_llama, [(x, z) for x in prompts for z in sentences], batch_size=50)
+    for r, (x, z) in enumerate((x, z) for x in prompts for z in sentences):
+        j, g = prompts.index(x), sentences.index(z)
+        assert float(tree[j, g]) == pytest.approx(float(naive.logp_sum[r, naive.prompt_index[r]]), abs=2e-4)
