@@ -29,6 +29,7 @@ that cannot be split that way takes ``per_turn`` under ``auto``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,7 +46,8 @@ _ASSISTANT = "\x00ASSISTANT\x00"
 _USER = "\x00USER\x00"
 # an assistant turn as the protocol writes it: the forced <think> (in the prompt), then the sampled text
 _REPLY = f"{THINK_OPEN}\x00REASONING\x00{THINK_CLOSE}{ANSWER_OPEN}{_ASSISTANT}{ANSWER_CLOSE}"
-# a tool turn as the policy writes it (Qwen2.5's format, ``ragen2.agent.tools``), and two tool results
+# a tool turn as the policy writes it in Qwen2.5's format (a template renders any format's content as written),
+# and two tool results
 _TOOL_REPLY = f"{THINK_OPEN}\x00REASONING\x00{THINK_CLOSE}\n<tool_call>\n\x00CALL\x00\n</tool_call>"
 _RESULTS = ("\x00RESULT1\x00", "\x00RESULT2\x00")
 
@@ -146,7 +148,11 @@ def check_tool_template(tokenizer: Any, tools: Tools) -> None:
     plain = tokenizer.apply_chat_template(head, tokenize=False, add_generation_prompt=True)
     render = _renderer(tokenizer, tools)
     answered = [*head, {"role": "assistant", "content": "a"}, {"role": "tool", "content": _RESULTS[0]}]
-    if render(head, gen=True) == plain or _RESULTS[0] not in render(answered, gen=True):
+    # a template may write the result as JSON (Llama 3.1's does): escaped, the placeholder's NULs read \u0000
+    written = render(answered, gen=True)
+    if render(head, gen=True) == plain or not any(
+        r in written for r in (_RESULTS[0], json.dumps(_RESULTS[0])[1:-1])
+    ):
         raise ConfigError(
             f"model.name_or_path={_model(tokenizer)!r}: its chat template has no tool format (it renders no "
             "tool schemas or no tool results), so env.tools cannot be shown to the policy. Fix: a model whose "

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ragen2.agent.call_formats import AUTO, call_format, check_format_name
 from ragen2.agent.episode import ENV_TIMEOUT, Episode, Turn
 from ragen2.agent.parsing import ACTION_SEP, parse_turn
 from ragen2.agent.reasoning import reasoning_ids
@@ -75,11 +76,15 @@ class AgentConfig:
     max_context: int = 4096  # tokens of prompt + response the model may hold
     step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S  # per env call; None or 0 = no limit
     layout: str = "auto"  # one sequence per episode or per turn (rollout.layout, ``ragen2.agent.render``)
+    tool_format: str = (
+        AUTO  # the function-call format of tool turns (env.tool_format, ``ragen2.agent.call_formats``)
+    )
 
     def __post_init__(self) -> None:
         for key in ("max_turns", "max_actions_per_turn"):
             if getattr(self, key) < 1:
                 raise ValueError(f"env.{key}={getattr(self, key)} must be ≥ 1. Fix: env.{key}=1 or more")
+        check_format_name(self.tool_format)
         limit = self.step_timeout_s
         if limit is not None and (
             isinstance(limit, bool)
@@ -134,6 +139,7 @@ class EpisodeRunner:
         self._rule = TOOL_RULE if tools else FORMAT_RULE
         # before the first rollout: a history-rewriting template gets one sequence per turn, or is refused
         check_tool_template(tokenizer, self._schemas)
+        self._calls = call_format(tokenizer, cfg.tool_format) if tools else None
         self.layout = check_chat_template(tokenizer, cfg.layout, self._schemas)
         check_vocabulary(tokenizer, env_id)
         special = {tokenizer.eos_token, tokenizer.pad_token}
@@ -368,7 +374,7 @@ class EpisodeRunner:
     ) -> tuple[Turn, bool]:
         """The turn, and whether an ``env.step`` timed out (its action is not counted: it never completed)."""
         text = self._decode(sample.ids)
-        calls = tool_turn(text, self._strip) if self.tools else None
+        calls = tool_turn(text, self._strip, self._calls) if self._calls else None
         if calls is not None:
             return self._tool_turn(env, prompt, observation, sample, offset, text, calls[1]), False
         parsed = parse_turn(text, self.cfg.max_actions_per_turn, self._strip, self._grammar)

@@ -1,8 +1,9 @@
 """Tool-calling turns (``env.tools``, docs/tools.md): the policy acts through its chat template's function calls.
 
-A tool turn is the reasoning, ``</think>``, then one or more ``<tool_call>{"name": …, "arguments": {…}}
-</tool_call>`` blocks (Qwen2.5's and Hermes' format; the template renders the tools' JSON schemas into the
-system prompt and each result as a ``{"role": "tool"}`` message). Each call runs, and the results are the next
+A tool turn is the reasoning, ``</think>``, then one or more calls in the format the chat template teaches
+(``env.tool_format``, ``ragen2.agent.call_formats``: Qwen's and Hermes' ``<tool_call>{"name": …, "arguments":
+{…}}</tool_call>`` blocks, Llama 3's JSON, Mistral's ``[TOOL_CALLS]``); the template renders the tools' JSON
+schemas into the prompt and each result as a ``{"role": "tool"}`` message. Each call runs, and the results are the next
 turn's prompt (prompt ids, never trained on). A tool answers with text, and the env does not move; or with an
 ``EnvStep`` (the text, and gymnasium's reward, terminated, truncated and info): the tool moved the env, as an
 environment that acts through tools does (an MCP server's game, a verifiers tool env), and the turn takes its
@@ -32,7 +33,6 @@ import contextlib
 import importlib
 import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -40,13 +40,11 @@ from typing import Any
 
 from ragen2_envs.base import EnvStep
 
-from ragen2.agent.render import THINK_CLOSE
+from ragen2.agent.call_formats import HERMES, CallFormat
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
 from ragen2.errors import ConfigError
 from ragen2.log import log
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 MCP_PREFIX = "mcp:"
 EVERY = "*"  # every tool of the env
 #: ``ToolCall.error`` of a call past ``env.step_timeout_s``, and of an ``EnvStep`` whose reward is not a finite
@@ -54,13 +52,6 @@ EVERY = "*"  # every tool of the env
 TIMEOUT = "timeout"
 BAD_REWARD = "reward"
 
-# reasoning, </think>, then only <tool_call> blocks (whitespace between them)
-_TURN = re.compile(
-    rf"^(?P<think>.*?){re.escape(THINK_CLOSE)}\s*(?P<calls>(?:{re.escape(TOOL_CALL_OPEN)}.*?"
-    rf"{re.escape(TOOL_CALL_CLOSE)}\s*)+)$",
-    re.DOTALL,
-)
-_CALL = re.compile(rf"{re.escape(TOOL_CALL_OPEN)}(.*?){re.escape(TOOL_CALL_CLOSE)}", re.DOTALL)
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -133,15 +124,14 @@ def function_tool(fn: Callable[..., Any], where: str) -> Tool:
     return Tool(name=schema["function"]["name"], schema=schema, call=fn)
 
 
-def tool_turn(text: str, strip_tokens: Sequence[str] = ()) -> tuple[str, list[str]] | None:
-    """The reasoning and the bodies of a tool turn's ``<tool_call>`` blocks, or None when ``text`` is not a
+def tool_turn(
+    text: str, strip_tokens: Sequence[str] = (), call_format: CallFormat = HERMES
+) -> tuple[str, list[str]] | None:
+    """The reasoning and each call's text of a tool turn in ``call_format``, or None when ``text`` is not a
     tool turn (an ``<answer>`` turn, or a bad format: ``ragen2.agent.parsing``)."""
     for tok in strip_tokens:
         text = text.replace(tok, "")
-    match = _TURN.match(text)
-    if match is None or THINK_CLOSE in match["calls"]:
-        return None
-    return match["think"], [body.strip() for body in _CALL.findall(match["calls"])]
+    return call_format.turn(text)
 
 
 def argument_error(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> str:
@@ -168,7 +158,7 @@ def _is_json(value: Any, kind: str) -> bool:
 
 
 def parse_call(body: str, tools: Mapping[str, Tool]) -> tuple[Tool, dict[str, Any]] | ToolCall:
-    """The tool and arguments a ``<tool_call>`` body names, or the failed ``ToolCall`` saying why not."""
+    """The tool and arguments a call's text names, or the failed ``ToolCall`` saying why not."""
     try:
         call = json.loads(body)
     except json.JSONDecodeError as err:
@@ -176,7 +166,7 @@ def parse_call(body: str, tools: Mapping[str, Tool]) -> tuple[Tool, dict[str, An
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         shape = 'Write {"name": <tool name>, "arguments": {…}}.'
         return ToolCall("", None, f"Error: the tool call names no tool. {shape}", "json")
-    name, arguments = call["name"], call.get("arguments", {})
+    name, arguments = call["name"], call.get("arguments", call.get("parameters", {}))  # Llama 3: parameters
     if isinstance(arguments, str):  # OpenAI's wire format sends the arguments as a JSON string
         with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments)
@@ -193,7 +183,7 @@ def parse_call(body: str, tools: Mapping[str, Tool]) -> tuple[Tool, dict[str, An
 
 
 def run_call(body: str, tools: Mapping[str, Tool], timeout_s: float | None) -> ToolCall:
-    """One ``<tool_call>`` body run: its result, or an error message for the policy (never a raise)."""
+    """One call's text run: its result, or an error message for the policy (never a raise)."""
     parsed = parse_call(body, tools)
     if isinstance(parsed, ToolCall):
         return parsed

@@ -42,6 +42,10 @@ class EnvConfig:
     """Tools the policy may call through its chat template's function-call format (empty: text actions only):
     each a tool of the env (``search`` for SearchQA; ``*``: every tool it has or its server lists), a
     ``module:function`` or ``mcp:<command>`` (a local MCP server's tools). Tool calls and results are its turns; ``<answer>`` still acts on the env (docs/tools.md)."""
+    tool_format: str = "auto"
+    """The function-call format the policy writes its calls in: ``hermes`` (``<tool_call>`` JSON: Qwen, Hermes),
+    ``llama3_json`` (Llama 3.x's JSON), ``mistral`` (``[TOOL_CALLS]``); ``auto`` reads it off the chat
+    template."""
 
     def __post_init__(self) -> None:
         try:
@@ -49,10 +53,11 @@ class EnvConfig:
         except ragen2_envs.UnknownEnvError as err:
             raise ConfigError(str(err)) from None
         object.__setattr__(self, "tools", check_specs(list(self.tools or ()), env_class))
-        AgentConfig(  # checks all three
+        AgentConfig(  # checks all four
             max_turns=self.max_turns,
             max_actions_per_turn=self.max_actions_per_turn,
             step_timeout_s=self.step_timeout_s,
+            tool_format=self.tool_format,
         )
         object.__setattr__(self, "kwargs", dict(self.kwargs or {}))
         self._check_kwargs()
@@ -153,6 +158,7 @@ class RolloutConfig:
             max_context=self.max_context,
             step_timeout_s=env.step_timeout_s,
             layout=self.layout,
+            tool_format=env.tool_format,
         )
         tools = Toolbox.from_specs(env.tools, ragen2_envs.env_class(env.id), env.make) if env.tools else None
         return EpisodeRunner(env.make, tokenizer, agent, self.params(), env_id=env.id, tools=tools)
