@@ -30,7 +30,15 @@ ENV_CONTRACT = (
 def check_config_contract(adapted: Adapted, tokenizer: Any) -> None:
     """test_env_config_shape_and_make and the conf checks, for an id that is not ragen2's own (own_ids)."""
     cfg = compose([f"env={adapted.conf}"]).env
-    assert set(cfg) == {"id", "max_turns", "max_actions_per_turn", "step_timeout_s", "kwargs", "tools"}
+    assert set(cfg) == {
+        "id",
+        "max_turns",
+        "max_actions_per_turn",
+        "step_timeout_s",
+        "kwargs",
+        "tools",
+        "tool_format",
+    }
     assert isinstance(ragen2_envs.make(cfg.id, **cfg.kwargs), ragen2_envs.TextEnv)
     assert cfg.id not in ragen2_envs.declared_ids()  # ragen2 runs without the package
     contract.test_every_conf_env_kwarg_is_a_declared_option_in_bounds(adapted.path)

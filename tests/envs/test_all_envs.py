@@ -179,7 +179,7 @@ def test_every_registered_env_has_a_config() -> None:
 @pytest.mark.parametrize("path", CONF_FILES, ids=[p.stem for p in CONF_FILES])
 def test_env_config_shape_and_make(path: Path) -> None:
     cfg = compose([f"env={path.stem}"]).env
-    keys = {"id", "max_turns", "max_actions_per_turn", "step_timeout_s", "kwargs", "tools"}
+    keys = {"id", "max_turns", "max_actions_per_turn", "step_timeout_s", "kwargs", "tools", "tool_format"}
     assert set(cfg.keys()) == keys, path.name
     assert cfg.id in ragen2_envs.own_ids()
     assert int(cfg.max_turns) >= 1 and int(cfg.max_actions_per_turn) >= 1

@@ -32,7 +32,7 @@ from envs.adapter_checks import ENV_CONTRACT, check_config_contract, collect
 from ragen2.agent import AgentConfig, EpisodeRunner
 from ragen2.agent.tools import Toolbox
 from ragen2.config import compose
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.record import RolloutStats
 from ragen2.data.rollout_config import EnvConfig
 from ragen2.errors import ConfigError
 from ragen2.rollout import SamplingParams
@@ -214,7 +214,7 @@ def test_a_server_that_stops_answering_or_dies_ends_the_episode_not_the_run(
     assert [ep.success for ep in episodes] == [False] * 4
     assert all(ep.end_reason == "env_truncated" and ep.episode_return == 0.0 for ep in episodes)
     assert server_errors[url] == 7
-    assert rollout_metrics(episodes)["env_errors"] == 4.0  # rollout/env_errors: each such episode, counted
+    assert RolloutStats.of(episodes).env_errors == 4.0  # rollout/env_errors: each such episode, counted
 
 
 def test_a_url_where_no_server_answers_is_one_line_at_start_up(tmp_path: Path) -> None:
@@ -276,7 +276,7 @@ def test_an_mcp_environment_runs_on_the_tools_its_server_lists(qwen_tokenizer, t
         (last,) = ep.turns[-1].tool_calls  # one call a turn: the solver's search after it is cut
         assert last.name == "finish" and last.step.terminated and last.step.reward == 1.0
         assert "Your answer: " in last.content
-    assert rollout_metrics(episodes)["tool_errors"] == 0.0
+    assert RolloutStats.of(episodes).tool_errors == 0.0
     env = make()
     env.reset(seed=0)
     with pytest.raises(RuntimeError, match="Unknown tool: 'browse'"):  # the server's refusal, for the policy

@@ -28,7 +28,7 @@ from ragen2.agent import AgentConfig, EpisodeRunner
 from ragen2.agent.timeout import EnvTimeout, call_with_timeout
 from ragen2.agent.tools import Toolbox
 from ragen2.config import compose
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.record import RolloutStats
 from ragen2.errors import ConfigError
 from ragen2.rollout import SamplingParams
 from ragen2.rollout.scripted import ScriptedSampler
@@ -286,7 +286,8 @@ def test_a_tool_env_runs_on_the_tools_its_tasks_serve(
         (call,) = ep.turns[0].tool_calls
         assert call.name == "lookup" and call.content in CODES.values() and not call.error
         assert ep.turns[1].actions == [call.content] and ep.turns[1].reward == 1.0
-    assert rollout_metrics(episodes)["tool_calls"] > 0 and rollout_metrics(episodes)["tool_errors"] == 0.0
+    stats = RolloutStats.of(episodes)
+    assert stats.tool_calls > 0 and stats.tool_errors == 0
     # a key the table lacks: the tool's own error, for the policy to read (a tool error, not a crash)
     env = make()
     env.reset(seed=0)

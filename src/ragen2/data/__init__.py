@@ -1,5 +1,5 @@
 """Rollout data: the batch type, the env/rollout/val configs, the SNR filter, DAPO's dynamic sampling and
-overlong shaping, the seeds, one iteration's rollouts (``collect_iteration``, plain torch), rollout metrics,
+overlong shaping, the seeds, one iteration's rollouts (``collect_iteration``, plain torch), the typed records of what rollouts did,
 held-out evaluation and the DataModule; the warm start's demonstrations and their DataModule.
 
 Each name loads its module on first use: importing any ``ragen2.data.<module>`` runs this file first, and a
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ragen2.data.evaluation import evaluate, heldout_seeds, pass_at_k
     from ragen2.data.group_filter import Filter, GroupFilter, select_across
     from ragen2.data.iteration import IterationPlan, collect_iteration
-    from ragen2.data.metrics import group_metrics, rollout_metrics
+    from ragen2.data.record import GroupStats, RolloutStats
     from ragen2.data.rollout_config import EnvConfig, RolloutConfig, ValConfig
     from ragen2.data.sampling import DynamicSampling
     from ragen2.data.shaping import OverlongShaping
@@ -42,8 +42,8 @@ _MODULE = {
     "select_across": "group_filter",
     "IterationPlan": "iteration",
     "collect_iteration": "iteration",
-    "group_metrics": "metrics",
-    "rollout_metrics": "metrics",
+    "GroupStats": "record",
+    "RolloutStats": "record",
     "EnvConfig": "rollout_config",
     "RolloutConfig": "rollout_config",
     "ValConfig": "rollout_config",
@@ -59,21 +59,21 @@ __all__ = [
     "EnvConfig",
     "Filter",
     "GroupFilter",
+    "GroupStats",
     "IterationPlan",
     "OverlongShaping",
     "RolloutBatch",
     "RolloutConfig",
     "RolloutDataModule",
+    "RolloutStats",
     "ValConfig",
     "by_group",
     "collate_episodes",
     "collect_iteration",
     "demonstrate",
     "evaluate",
-    "group_metrics",
     "heldout_seeds",
     "pass_at_k",
-    "rollout_metrics",
     "select_across",
 ]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ragen2.agent.episode import Episode
 from ragen2.agent.runner import EpisodeRunner
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.record import RolloutStats
 from ragen2.data.rollout_config import ValConfig
 from ragen2.rollout.base import Sampler
 from ragen2.rollout.scripted import ScriptedSampler
@@ -72,7 +72,7 @@ def evaluate(
                 {
                     "phase": phase,
                     "seed": episodes[0].seed,
-                    **rollout_metrics(episodes),
+                    **RolloutStats.of(episodes).as_metrics(),
                     "successes": successes,
                 }
             )
@@ -90,7 +90,7 @@ def evaluate(
         desc="eval greedy",
         group_done=per_seed("greedy"),
     )
-    out.update({f"greedy/{k}": v for k, v in rollout_metrics(greedy).items()})
+    out.update(RolloutStats.of(greedy).as_metrics("greedy/"))
     if samples > 0:
         sampled = runner.collect(
             sampler,
@@ -100,7 +100,7 @@ def evaluate(
             desc="eval sampled",
             group_done=per_seed("sampled"),
         )
-        out.update({f"sampled/{k}": v for k, v in rollout_metrics(sampled).items()})
+        out.update(RolloutStats.of(sampled).as_metrics("sampled/"))
         by_seed = [[ep.success for ep in sampled if ep.group == g] for g in range(len(seeds))]
         for k in ks:
             if k <= samples:

@@ -30,7 +30,7 @@ import torch
 from ragen2.agent.episode import Episode
 from ragen2.data.batch import Groups, RolloutBatch, by_group, collate_episodes
 from ragen2.data.group_filter import Filter, select_across
-from ragen2.data.metrics import group_metrics, rollout_metrics
+from ragen2.data.record import GroupStats, RolloutStats
 from ragen2.data.rollout_log import RolloutLog
 from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.seeds import instance_seeds, local_groups, sampler_seed
@@ -100,8 +100,9 @@ def collect_iteration(
     # every rank's episodes: the logged numbers describe the whole iteration
     everyone = [eps for part in ranks.gather(rounds.sampled) for eps in part]
     sampled = [ep for eps in everyone for ep in eps]
-    metrics = {f"rollout/{k}": v for k, v in rollout_metrics(sampled).items()}
-    metrics.update({f"rollout/{k}": v for k, v in group_metrics(everyone).items()})
+    metrics = RolloutStats.of(sampled).as_metrics("rollout/")
+    if (group_stats := GroupStats.of(everyone)) is not None:
+        metrics.update(group_stats.as_metrics("rollout/"))
     if plan.shaping is not None:
         metrics.update({f"rollout/{k}": v for k, v in plan.shaping.metrics(sampled).items()})
     metrics.update({f"filter/{k}": v for k, v in stats.items()})

@@ -18,7 +18,7 @@ from ragen2.agent import AgentConfig, EpisodeRunner
 from ragen2.agent.call_formats import HERMES, LLAMA3_JSON, MISTRAL, CallFormat, call_format
 from ragen2.agent.render import assistant_message
 from ragen2.agent.tools import Toolbox, function_tool, run_call, tool_turn
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.record import RolloutStats
 from ragen2.data.rollout_config import EnvConfig
 from ragen2.errors import ConfigError
 from ragen2.rollout import SamplingParams
@@ -184,5 +184,5 @@ def test_searchqa_succeeds_through_llama_json_calls(llama_tokenizer) -> None:
         )
         assert f"<|start_header_id|>assistant<|end_header_id|>\n\n{written}<|eot_id|>{ipython}" in rendered
         assert rendered.endswith(ipython + "<|start_header_id|>assistant<|end_header_id|>\n\n<think>")
-    metrics = rollout_metrics(episodes)
-    assert metrics["tool_calls"] > 0 and metrics["tool_errors"] == 0
+    stats = RolloutStats.of(episodes)
+    assert stats.tool_calls > 0 and stats.tool_errors == 0

@@ -27,7 +27,7 @@ from ragen2.agent.episode import record_messages
 from ragen2.agent.render import assistant_message, turn_one_ids
 from ragen2.agent.runner import NO_OBSERVATION, user_message
 from ragen2.data.batch import by_group, collate_episodes
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.record import RolloutStats
 from ragen2.rollout import PromptMeta, Sample, SamplingParams
 from ragen2.rollout.hf import HFSampler
 from ragen2.rollout.scripted import DEFAULT_RESPONSES, ScriptedSampler
@@ -583,7 +583,7 @@ def test_hung_step_ends_its_episode_as_a_counted_failure(tokenizer, caplog: pyte
     assert turn.actions == ["Down"] and turn.actions_valid == [True] and turn.penalty == 0.0
     assert turn.sampled_ids == list(tokenizer.encode(WALLS, add_special_tokens=False))
     assert [ep.end_reason for ep in episodes[::2]] == ["max_turns", "max_turns"]
-    assert rollout_metrics(episodes)["env_timeouts"] == 1.0
+    assert RolloutStats.of(episodes).env_timeouts == 1.0
     # the group keeps its 3 rows: the filter and the advantages see a full group
     batch = collate_episodes(episodes, 1, tokenizer.pad_token_id)
     assert by_group(batch.returns, batch.group_index, 1).tolist() == [pytest.approx([-0.4, -0.1, -0.4])]
@@ -616,7 +616,7 @@ def test_hung_reset_ends_its_episode_before_it_is_sampled(
     # −0.1 · 3 + (−0.1 + 1 + 10) = 10.6
     assert [ep.episode_return for ep in episodes] == pytest.approx([-0.4, -0.4, 10.6, 0.0])
     assert [ep.end_reason for ep in episodes[:3]] == ["max_turns", "max_turns", "terminated"]
-    assert rollout_metrics(episodes)["env_timeouts"] == 1.0
+    assert RolloutStats.of(episodes).env_timeouts == 1.0
     batch = collate_episodes(episodes, 2, tokenizer.pad_token_id)
     assert by_group(batch.returns, batch.group_index, 2).shape == (2, 2)
     assert batch.loss_mask[3].sum() == 0 and batch.attention_mask[3].sum() == len(turn.prompt_ids)

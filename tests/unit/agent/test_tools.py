@@ -25,7 +25,7 @@ from ragen2.agent.render import (
 )
 from ragen2.agent.tools import Tool, Toolbox, ToolCall, check_specs, function_tool, run_call, tool_turn
 from ragen2.data.batch import collate_episodes
-from ragen2.data.metrics import rollout_metrics
+from ragen2.data.record import RolloutStats
 from ragen2.data.rollout_config import EnvConfig
 from ragen2.errors import ConfigError
 from ragen2.rollout import SamplingParams
@@ -247,9 +247,9 @@ def test_searchqa_succeeds_through_its_retriever_as_a_tool(qwen_tokenizer) -> No
         assert batch.input_ids[row][batch.loss_mask[row].bool()].tolist() == [
             i for t in ep.turns for i in t.sampled_ids
         ]
-    metrics = rollout_metrics(episodes)
+    stats = RolloutStats.of(episodes)
     calls = sum(len(t.tool_calls) for ep in episodes for t in ep.turns)
-    assert metrics["tool_calls"] == calls > 0 and metrics["tool_errors"] == 0
+    assert stats.tool_calls == calls > 0 and stats.tool_errors == 0
     record = by_tools[0].to_record()
     assert record["turns"][0]["tool_calls"][0]["name"] == "search"
 
@@ -283,8 +283,8 @@ def test_an_episode_runs_on_function_calls_alone_when_a_tool_moves_the_env(qwen_
             "terminated": True,
             "truncated": False,
         }
-    metrics = rollout_metrics(episodes)
-    assert metrics["success"] == 1.0 and metrics["tool_errors"] == 0.0
+    stats = RolloutStats.of(episodes)
+    assert stats.success == 1.0 and stats.tool_errors == 0.0
 
 
 def score(points: str) -> EnvStep:
@@ -337,8 +337,8 @@ def test_bad_tool_turns_go_on_with_an_error_message_and_a_penalty(qwen_tokenizer
             (call,) = turn.tool_calls
             assert call.error in ("json", "unknown_tool") and turn.penalty == -0.1
         assert "Error:" in tok.decode(ep.turns[1].prompt_ids[ep.turns[0].end :])
-    metrics = rollout_metrics(episodes)
-    assert metrics["tool_calls"] == metrics["tool_errors"] == 8
+    stats = RolloutStats.of(episodes)
+    assert stats.tool_calls == stats.tool_errors == 8
 
 
 def test_the_search_tool_counts_against_the_budget() -> None:
