@@ -77,7 +77,7 @@ def test_rollouts_and_filter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         "table_rows": len(groups),
         "table_kept": groups["kept"].tolist(),
         "keep": batch.keep.tolist(),
-        "kept_ratio": batch.metrics["filter/kept_ratio"],
+        "kept_ratio": batch.record.as_metrics()["filter/kept_ratio"],
         "layout_segments": sorted(set(layout["segment"])),
         "sweep": sweep.to_dict("records"),
         "comparison": comparison["kept_ratio"].to_dict(),

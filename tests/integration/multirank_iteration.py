@@ -46,7 +46,7 @@ def run(out: str, overrides: list[str]) -> None:
             "scores": batch.group_scores,
             "keep_rows": batch.keep_rows,
             "share": tuple(batch.share or ()),
-            "metrics": batch.metrics,
+            "metrics": batch.record.as_metrics(),
             "seeds": [ep.seed for ep in batch.episodes],
         }
     torch.save(saved, f"{out}.rank{ranks.rank}")

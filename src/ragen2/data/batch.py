@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from ragen2.agent.episode import Episode
+from ragen2.data.record import IterationRecord
 
 
 class KeptShare(NamedTuple):
@@ -111,9 +112,9 @@ class RolloutBatch:
     keep_rows: torch.Tensor
     episodes: list[Episode] = field(default_factory=list)
     iteration: int = 0
-    # this iteration's metrics from before the update: rollout/*, filter/*, time/*, perf/rollout_*
-    # (``collect_iteration``); the module logs them with its own
-    metrics: dict[str, float] = field(default_factory=dict)
+    # what this iteration's rollouts did, from before the update (``collect_iteration``); the module logs it
+    # with its own numbers
+    record: IterationRecord = field(default_factory=IterationRecord)
     # the kept rows counted over every rank (``GroupFilter.select_across``); None: this batch is the whole
     # iteration (one process, a batch built by hand)
     share: KeptShare | None = None
@@ -180,7 +181,7 @@ def collate_episodes(
     iteration: int = 0,
     turn_terms: TurnTerms | None = None,
     selection: Selection | None = None,
-    metrics: dict[str, float] | None = None,
+    record: IterationRecord | None = None,
 ) -> RolloutBatch:
     """Lay episodes out as right-padded tensors; masks come from each turn's sampled span. ``selection``
     is the filter's choice (without one, every group and row is kept, unscored).
@@ -242,7 +243,7 @@ def collate_episodes(
         keep_rows=chosen.keep_rows,
         episodes=list(episodes),
         iteration=iteration,
-        metrics=dict(metrics or {}),
+        record=record or IterationRecord(),
         share=chosen.share,
     )
 

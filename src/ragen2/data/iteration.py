@@ -10,8 +10,9 @@ read top to bottom (docs/method.md §4 and §6):
    the update pads its passes with them.
 2. selection: ``select_across`` by the run's ``Filter``: one selection over every rank's trainable groups, the rows
    the update trains on within them, and their share of the iteration's rows, counted once.
-3. metrics: ``rollout/*`` over every rank's sampled episodes, ``filter/*``, ``time/rollout``, ``perf/rollout_*``.
-4. the batch, built once: ``collate_episodes`` with the selection and the metrics (``shaping`` gives each
+3. the record (``ragen2.data.record.IterationRecord``): what every rank's sampled episodes did, the filter's and
+   dynamic sampling's statistics, the rollout's time.
+4. the batch, built once: ``collate_episodes`` with the selection and the record (``shaping`` gives each
    episode its per-turn terms: overlong penalty per turn, truncated turns out of the loss mask).
 
 The batch keeps every group (diagnostics read the unfiltered batch); the update trains on the kept rows.
@@ -30,7 +31,7 @@ import torch
 from ragen2.agent.episode import Episode
 from ragen2.data.batch import Groups, RolloutBatch, by_group, collate_episodes
 from ragen2.data.group_filter import Filter, select_across
-from ragen2.data.record import GroupStats, RolloutStats
+from ragen2.data.record import DynamicStats, GroupStats, IterationRecord, RolloutStats
 from ragen2.data.rollout_log import RolloutLog
 from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.seeds import instance_seeds, local_groups, sampler_seed
@@ -77,7 +78,7 @@ class Rounds:
     trainable: torch.Tensor  # [groups] bool: False only for the degenerate groups kept when none was found
     sampled: list[list[Episode]]  # every sampled episode, per round, group ids as sampled
     placed: dict[tuple[int, int], int]  # (round, group in round) -> group in the batch
-    metrics: dict[str, float]  # filter/dynamic_*, with dynamic sampling
+    dynamic: DynamicStats | None  # with dynamic sampling
 
 
 def collect_iteration(
@@ -100,18 +101,18 @@ def collect_iteration(
     # every rank's episodes: the logged numbers describe the whole iteration
     everyone = [eps for part in ranks.gather(rounds.sampled) for eps in part]
     sampled = [ep for eps in everyone for ep in eps]
-    metrics = RolloutStats.of(sampled).as_metrics("rollout/")
-    if (group_stats := GroupStats.of(everyone)) is not None:
-        metrics.update(group_stats.as_metrics("rollout/"))
-    if plan.shaping is not None:
-        metrics.update({f"rollout/{k}": v for k, v in plan.shaping.metrics(sampled).items()})
-    metrics.update({f"filter/{k}": v for k, v in stats.items()})
-    metrics.update(rounds.metrics)
-    metrics["time/rollout"] = rollout_s
     tokens = sum(len(t.sampled_ids) for eps in rounds.sampled for ep in eps for t in ep.turns)
-    metrics.update(phase_metrics("rollout", tokens, rollout_s, device, ranks))
+    record = IterationRecord(
+        rollout=RolloutStats.of(sampled),
+        groups=GroupStats.of(everyone),
+        shaping={} if plan.shaping is None else plan.shaping.metrics(sampled),
+        filter=stats,
+        dynamic=rounds.dynamic,
+        rollout_s=rollout_s,
+        perf=phase_metrics("rollout", tokens, rollout_s, device, ranks),
+    )
     batch = collate_episodes(
-        rounds.episodes, rounds.groups, plan.pad_id, iteration, terms, selection=selection, metrics=metrics
+        rounds.episodes, rounds.groups, plan.pad_id, iteration, terms, selection=selection, record=record
     )
     if log is not None:
         log.write(iteration, rounds.sampled, _trained(batch, rounds))
@@ -126,7 +127,7 @@ def collect_rounds(
         episodes = _round(iteration, 0, plan, collect, ranks)
         local = local_groups(plan.groups, ranks.world)
         placed = {(0, g): g for g in range(local)}
-        return Rounds(episodes, local, torch.ones(local, dtype=torch.bool), [episodes], placed, {})
+        return Rounds(episodes, local, torch.ones(local, dtype=torch.bool), [episodes], placed, None)
     return _dynamic(iteration, plan, plan.sampling, collect, ranks)
 
 
@@ -162,20 +163,20 @@ def _dynamic(
         found += len(taken)
         if found == plan.groups:
             break
-    metrics = {
-        "filter/dynamic_rounds": float(len(sampled)),
-        "filter/dynamic_groups_sampled": float(len(sampled) * plan.groups),
-        "filter/dynamic_groups_dropped": float(dropped),
-        "filter/dynamic_groups_kept": float(found),
-        "filter/dynamic_shortfall": float(plan.groups - found),
-    }
+    dynamic = DynamicStats(
+        rounds=len(sampled),
+        groups_sampled=len(sampled) * plan.groups,
+        groups_dropped=dropped,
+        groups_kept=found,
+        shortfall=plan.groups - found,
+    )
     n_kept = len(kept) // plan.group_size
     if n_kept == 0:
         # Nothing informative here: keep the last round's groups for diagnostics (and the update's padding
         # passes), none of them trainable.
         placed = {(len(sampled) - 1, g): g for g in range(local)}
-        return Rounds(sampled[-1], local, torch.zeros(local, dtype=torch.bool), sampled, placed, metrics)
-    return Rounds(kept, n_kept, torch.ones(n_kept, dtype=torch.bool), sampled, placed, metrics)
+        return Rounds(sampled[-1], local, torch.zeros(local, dtype=torch.bool), sampled, placed, dynamic)
+    return Rounds(kept, n_kept, torch.ones(n_kept, dtype=torch.bool), sampled, placed, dynamic)
 
 
 def _trained(batch: RolloutBatch, rounds: Rounds) -> list[list[bool]]:

@@ -153,3 +153,43 @@ def _by_group(episodes: Sequence[Episode]) -> list[list[Episode]]:
     for ep in episodes:
         groups.setdefault(ep.group, []).append(ep)
     return list(groups.values())
+
+
+@dataclass(frozen=True)
+class DynamicStats:
+    """DAPO's dynamic sampling over one iteration's rounds (``algo.sampling``, ``ragen2.data.iteration``)."""
+
+    rounds: int
+    groups_sampled: int  # rounds × the iteration's groups
+    groups_dropped: int  # groups whose (shaped) returns were all equal
+    groups_kept: int
+    shortfall: int  # groups the rounds did not find
+
+    def as_metrics(self) -> dict[str, float]:
+        return _as_metrics(self, "filter/dynamic_", {})
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """What one iteration's rollouts did before the update (``collect_iteration``): the module logs
+    ``as_metrics`` with its own. A batch built by hand has an empty one."""
+
+    rollout: RolloutStats | None = None  # every rank's sampled episodes
+    groups: GroupStats | None = None
+    shaping: Mapping[str, float] = field(default_factory=dict)  # ``OverlongShaping.metrics``
+    filter: Mapping[str, float] = field(
+        default_factory=dict
+    )  # the filter's statistics (a user's names its own)
+    dynamic: DynamicStats | None = None
+    rollout_s: float | None = None  # the slowest rank's
+    perf: Mapping[str, float] = field(default_factory=dict)  # perf/rollout_* (``ragen2.perf.phase_metrics``)
+
+    def as_metrics(self) -> dict[str, float]:
+        """rollout/*, filter/*, time/rollout and perf/rollout_*."""
+        out = {} if self.rollout is None else self.rollout.as_metrics("rollout/")
+        out.update({} if self.groups is None else self.groups.as_metrics("rollout/"))
+        out.update({f"rollout/{k}": v for k, v in self.shaping.items()})
+        out.update({f"filter/{k}": v for k, v in self.filter.items()})
+        out.update({} if self.dynamic is None else self.dynamic.as_metrics())
+        out.update({} if self.rollout_s is None else {"time/rollout": self.rollout_s})
+        return out | dict(self.perf)

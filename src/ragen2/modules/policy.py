@@ -181,7 +181,7 @@ class PolicyModule(L.LightningModule):
         start = time.perf_counter()
         start_phase(self.device)
         metrics = {
-            **batch.metrics,
+            **batch.record.as_metrics(),
             **self.findings.before_update(batch.iteration),
             "train/iteration": float(batch.iteration),
         }

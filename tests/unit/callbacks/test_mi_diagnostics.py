@@ -123,9 +123,9 @@ def test_a_batch_with_one_prompt_has_no_mi(batch: RolloutBatch, tiny_model) -> N
 
 def test_the_pass_goes_to_the_module_s_findings_not_the_batch(batch: RolloutBatch, tiny_model) -> None:
     module = SimpleNamespace(policy=tiny_model, findings=Findings())
-    before = dict(batch.metrics)
+    before = dict(batch.record.as_metrics())
     MIDiagnostics(num_samples=8).on_train_batch_start(None, module, batch, 0)  # type: ignore[arg-type]
-    assert batch.metrics == before
+    assert batch.record.as_metrics() == before
     assert module.findings.mi is not None and module.findings.mi.iteration == batch.iteration
     logged = module.findings.before_update(batch.iteration)
     assert logged["diag/first_turn/rows"] == 8 and "time/diagnostics" in logged

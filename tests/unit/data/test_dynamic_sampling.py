@@ -60,7 +60,9 @@ def test_without_sampling_the_batch_is_todays_single_round() -> None:
     episodes = dm.runner.collect(dm.sampler, [12, 13, 14, 15], 4, sample_seed=3 * 104_729)
     today = collate_episodes(episodes, 4, dm.tokenizer.pad_token_id, 3)
     _assert_same(batch, today)
-    assert not any(k.startswith("filter/dynamic") for k in batch.metrics)
+    assert batch.record.dynamic is None and not any(
+        k.startswith("filter/dynamic") for k in batch.record.as_metrics()
+    )
 
 
 def test_round_zero_of_dynamic_sampling_is_todays_round() -> None:
@@ -75,7 +77,7 @@ def test_round_zero_of_dynamic_sampling_is_todays_round() -> None:
 
 def test_dynamic_sampling_fills_the_batch_with_informative_groups() -> None:
     batch = _dm(sampling=DynamicSampling(max_rounds=4)).rollout(1)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     rounds = m["filter/dynamic_rounds"]
     # with these seeds round 0 holds all-equal groups, so a second round was needed ...
     assert rounds >= 2 and m["filter/dynamic_groups_dropped"] >= 1
@@ -98,7 +100,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups() -> None:
 def test_a_short_batch_trains_on_the_groups_found_and_logs_the_shortfall() -> None:
     # one round only: iteration 1's round 0 holds all-equal groups (see above), so the batch comes up short
     batch = _dm(sampling=DynamicSampling(max_rounds=1)).rollout(1)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     found = int(m["filter/dynamic_groups_kept"])
     assert 1 <= found < 4 and m["filter/dynamic_rounds"] == 1
     assert m["filter/dynamic_shortfall"] == 4 - found and m["filter/dynamic_groups_dropped"] == 4 - found
@@ -113,7 +115,7 @@ def test_a_short_batch_trains_on_the_groups_found_and_logs_the_shortfall() -> No
 def test_only_degenerate_groups_log_the_shortfall_and_train_nothing(filter: GroupFilter) -> None:
     dm = _dm([NOT_SURE], sampling=DynamicSampling(max_rounds=3), filter=filter)
     batch = dm.rollout(0)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     assert m["filter/dynamic_rounds"] == 3 and m["filter/dynamic_groups_sampled"] == 12
     assert m["filter/dynamic_groups_dropped"] == 12 and m["filter/dynamic_groups_kept"] == 0
     assert m["filter/dynamic_shortfall"] == 4
@@ -132,16 +134,22 @@ def test_same_iteration_twice_gives_the_same_batch() -> None:
     def untimed(metrics: dict[str, float]) -> dict[str, float]:  # seconds and rates vary run to run
         return {k: v for k, v in metrics.items() if not k.startswith("time/") and not k.endswith("_per_s")}
 
-    assert untimed(a.metrics) == untimed(b.metrics) and "perf/rollout_tokens" in a.metrics
+    assert (
+        untimed(a.record.as_metrics()) == untimed(b.record.as_metrics())
+        and "perf/rollout_tokens" in a.record.perf
+    )
 
 
 def test_rollout_metrics_and_jsonl_cover_every_round(tmp_path: Path) -> None:
     dm = _dm(sampling=DynamicSampling(max_rounds=4), save_jsonl=True, output_dir=str(tmp_path))
     batch = dm.rollout(1)
-    rounds = int(batch.metrics["filter/dynamic_rounds"])
+    assert batch.record.dynamic is not None
+    rounds = batch.record.dynamic.rounds
     records = [json.loads(line) for line in (tmp_path / "rollouts.rank0.jsonl").read_text().splitlines()]
     assert len(records) == rounds * 16 and {r["round"] for r in records} == set(range(rounds))
-    assert batch.metrics["rollout/return"] == pytest.approx(statistics.fmean(r["return"] for r in records))
+    assert batch.record.as_metrics()["rollout/return"] == pytest.approx(
+        statistics.fmean(r["return"] for r in records)
+    )
     kept = {(r["seed"], r["sample"]) for r in records if r["kept"]}
     assert kept == {(e.seed, e.sample) for e in batch.episodes}
 

@@ -71,7 +71,7 @@ def test_a_hung_step_is_a_counted_failure_of_the_iteration() -> None:
     assert dm.runner is not None
     dm.runner.env_factory = StepHangsOnce
     batch = dm.rollout(0)
-    assert batch.metrics["rollout/env_timeouts"] == 1.0
+    assert batch.record.as_metrics()["rollout/env_timeouts"] == 1.0
     # seed 0's solver plan solves it in 3 turns of 2 moves: 11 − 0.1 · 5 = 10.5; the hung rollout's first
     # step never returned: return 0. Seed 1's two rollouts play the same plan: no variance.
     returns = by_group(batch.returns, batch.group_index, 2)

@@ -127,7 +127,7 @@ def test_the_datamodules_batch_trains_on_exactly_the_extreme_rows(tmp_path: Path
     assert len(set(batch.returns.tolist())) > 2, "scripted returns should vary"
     # K = 4, fraction 0.5: the top and the bottom rollout of each of the 4 groups
     assert batch.kept_rows.tolist() == _expected_rows(batch, 1)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     assert m["filter/kept"] == 4 and m["filter/kept_ratio"] == 1.0
     assert m["filter/kept_rows"] == 8 and m["filter/kept_row_ratio"] == 0.5
     # the saved rollouts mark exactly the trained rows as kept
@@ -139,7 +139,7 @@ def test_the_datamodules_batch_trains_on_exactly_the_extreme_rows(tmp_path: Path
 
 def test_group_level_row_counts_are_the_kept_groups(tmp_path: Path) -> None:
     batch = _dm(GroupFilter()).rollout(0)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     assert 0 < m["filter/kept"] < 4
     assert m["filter/kept_rows"] == 4 * m["filter/kept"] == batch.kept_rows.numel()
     assert m["filter/kept_row_ratio"] == m["filter/kept_ratio"]
@@ -150,11 +150,13 @@ def test_monitor_trains_on_every_group_and_logs_the_selection() -> None:
     filtered = _dm(GroupFilter()).rollout(0)
     watched = _dm(GroupFilter(monitor=True)).rollout(0)  # the same scripted rollouts
     assert torch.equal(watched.group_scores, filtered.group_scores)
-    assert 0 < filtered.metrics["filter/kept"] < 4  # the filter drops groups here ...
-    for key in ("filter/kept", "filter/kept_ratio", "filter/score_mean", "filter/kept_score_mean"):
-        assert watched.metrics[key] == filtered.metrics[key]  # ... and monitor reports the same choice
+    assert 0 < filtered.record.filter["kept"] < 4  # the filter drops groups here ...
+    for key in ("kept", "kept_ratio", "score_mean", "kept_score_mean"):
+        assert (
+            watched.record.filter[key] == filtered.record.filter[key]
+        )  # ... and monitor reports the same choice
     assert watched.keep.all() and watched.kept_rows.numel() == 16  # while every group trains
-    assert watched.metrics["filter/kept_rows"] == 16 and watched.metrics["filter/kept_row_ratio"] == 1.0
+    assert watched.record.filter["kept_rows"] == 16 and watched.record.filter["kept_row_ratio"] == 1.0
 
 
 class _Mirror(Ranks):
@@ -173,5 +175,5 @@ def test_row_counts_are_over_every_rank() -> None:
     batch = collect_iteration(0, dm.plan(), dm.collect, _Mirror(0, 2))
     # this rank: 2 of the 4 groups, 8 rows, 2 kept per group
     assert batch.num_groups == 2 and batch.kept_rows.tolist() == _expected_rows(batch, 1)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     assert m["filter/kept"] == 4 and m["filter/kept_rows"] == 8 and m["filter/kept_row_ratio"] == 0.5

@@ -55,7 +55,7 @@ def test_the_batch_is_the_seeds_episodes_with_the_filters_choice(tmp_path: Path)
     assert torch.equal(batch.keep, keep) and torch.equal(batch.group_scores, scores)
     assert torch.equal(batch.keep_rows, plan.filter.rows(by_hand)) and batch.kept_rows.numel() == 8
     assert batch.share == KeptShare(0, 8, 16)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     assert m["filter/kept"] == 4 and m["filter/kept_ratio"] == 1.0
     assert m["filter/kept_rows"] == 8 and m["filter/kept_row_ratio"] == batch.share.ratio == 0.5
     assert m["rollout/return"] == pytest.approx(statistics.fmean(e.episode_return for e in episodes))
@@ -70,7 +70,7 @@ def test_dynamic_sampling_rounds_and_the_filter_compose() -> None:
     plan, collect = _parts("rollout=scripted", "filter=top_p")
     plan = dataclasses.replace(plan, sampling=DynamicSampling(max_rounds=4))
     batch = collect_iteration(1, plan, collect)
-    m = batch.metrics
+    m = batch.record.as_metrics()
     assert m["filter/dynamic_rounds"] >= 2 and m["filter/dynamic_groups_kept"] == 4
     assert m["filter/dynamic_groups_sampled"] == 4 * m["filter/dynamic_rounds"]
     # the SNR filter then chooses among the informative groups, as it would among any batch's
@@ -86,6 +86,6 @@ def test_nothing_trainable_keeps_the_last_round_and_trains_nothing() -> None:
     plan = dataclasses.replace(plan, filter=GroupFilter(), sampling=DynamicSampling(max_rounds=2))
     batch = collect_iteration(0, plan, collect)
     assert batch.num_groups == 4 and not batch.keep.any() and batch.share == KeptShare(0, 0, 16)
-    assert batch.metrics["filter/empty"] == 1 and batch.metrics["filter/kept_row_ratio"] == 0.0
+    assert batch.record.filter["empty"] == 1 and batch.record.filter["kept_row_ratio"] == 0.0
     # round 1 of iteration 0 (its last): slot 0, instances 2_000_000_011 + 0…3
     assert {e.seed for e in batch.episodes} == set(range(2_000_000_011, 2_000_000_015))

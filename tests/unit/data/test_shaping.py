@@ -168,7 +168,7 @@ def test_datamodule_shapes_each_turn() -> None:
             assert in_loss.eq(0.0 if turn.finish_reason == "length" else 1.0).all()
         assert batch.returns[i].item() == pytest.approx(shaped)
     turns = [t for ep in batch.episodes for t in ep.turns]
-    m = batch.metrics
+    m = batch.record.as_metrics()
     assert m["rollout/overlong_turns"] == pytest.approx(
         sum(len(t.sampled_ids) == 24 for t in turns) / len(turns)
     )
@@ -182,10 +182,10 @@ def test_datamodule_shapes_each_turn() -> None:
 def test_dynamic_sampling_decides_on_shaped_returns() -> None:
     # Both responses are format errors (return −0.3 whatever is picked): every group is all-equal ...
     plain = _dm([UNCLOSED, LONG], sampling=DynamicSampling(max_rounds=2)).rollout(0)
-    assert plain.metrics["filter/dynamic_shortfall"] == 4
+    assert plain.record.dynamic is not None and plain.record.dynamic.shortfall == 4
     # ... until the overlong penalty tells the long answers apart
     shaped = _dm(
         [UNCLOSED, LONG], sampling=DynamicSampling(max_rounds=2), shaping=OverlongShaping(cache_len=8)
     )
     batch = shaped.rollout(0)
-    assert batch.metrics["filter/dynamic_groups_kept"] > 0 and batch.kept_rows.numel() > 0
+    assert batch.record.as_metrics()["filter/dynamic_groups_kept"] > 0 and batch.kept_rows.numel() > 0

@@ -180,7 +180,7 @@ def test_the_kept_share_travels_on_the_batch_and_scales_the_advantages() -> None
     datamodule = instantiate(compose(["model=tiny", "rollout=scripted"]).data)
     rolled = datamodule.rollout(0)
     assert rolled.share == KeptShare(0, int(rolled.kept_rows.numel()), 16)
-    assert rolled.metrics["filter/kept_row_ratio"] == rolled.share.ratio
+    assert rolled.record.as_metrics()["filter/kept_row_ratio"] == rolled.share.ratio
     # the update reads it rather than counting again: this rank's 8 rows, all kept, are half of an
     # iteration of 16 (another rank's 8 kept none), so algo.loss_scaling=linear halves every advantage
     torch.manual_seed(0)
