@@ -81,7 +81,7 @@ def test_only_the_adapters_train_and_the_base_stays_bit_identical() -> None:
         id(p) for p in module.policy.parameters() if p.requires_grad
     }
     out = update.run(make_batch(), optimizer, scheduler, torch.Tensor.backward, RunState())
-    assert out["train/optimizer_steps"] == 4.0  # 8 rows in mini-batches of 4, two epochs
+    assert out.steps == 4  # 8 rows in mini-batches of 4, two epochs
     after = dict(module.policy.named_parameters())
     assert all(torch.equal(after[n], t) for n, t in frozen.items())
     # and the base is still the pretrained model, tensor for tensor

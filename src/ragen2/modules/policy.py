@@ -198,7 +198,9 @@ class PolicyModule(L.LightningModule):
         scheduler = cast(torch.optim.lr_scheduler.LRScheduler, self.lr_schedulers())
         assert self.update is not None, "configure_model() builds the update with the models"
         metrics.update(
-            self.update.run(batch, optimizer, scheduler, self.manual_backward, self.run_state, ranks)
+            self.update.run(
+                batch, optimizer, scheduler, self.manual_backward, self.run_state, ranks
+            ).as_metrics()
         )
         metrics["time/update"] = time.perf_counter() - start
         kept_tokens = int(batch.attention_mask[batch.kept_rows].sum())

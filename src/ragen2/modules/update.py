@@ -39,7 +39,7 @@ loss are separate terms; a non-finite step is skipped rather than applied.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import MethodType
@@ -106,7 +106,7 @@ class UpdateInputs:
     ref_logp: torch.Tensor | None  # [B, T] the frozen reference's log-probs
     old_logp: torch.Tensor  # [B, T] the rows' log-probs before the update: set where ``known``
     known: torch.Tensor  # [B] bool; the other rows get theirs from their first training forward
-    metrics: dict[str, float] = field(default_factory=dict)  # train/kl_reward/*
+    kl_reward: dict[str, float] = field(default_factory=dict)  # KL in the reward's statistics
 
     def remember(self, rows: torch.Tensor, old_logp: torch.Tensor) -> None:
         """Record the old log-probs ``loss_terms`` used for ``rows`` ([b, T']), so later steps reuse them."""
@@ -122,6 +122,63 @@ class Step:
 
     micro: list[torch.Tensor]  # [b_i] rows of each micro-batch
     padding: int  # zero-weight passes after them
+
+
+@dataclass(frozen=True)
+class AdvantageStats:
+    """The advantages over every rank's sampled tokens (``_advantage_stats``)."""
+
+    mean: float
+    abs: float  # mean magnitude
+    effective_rows: int  # rows with a non-zero advantage on some sampled token
+    effective_reward: float | None  # their mean return (before KL in the reward); None when there are none
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {
+            "train/advantage_mean": self.mean,
+            "train/advantage_abs": self.abs,
+            "train/effective_rows": float(self.effective_rows),
+        }
+        return out | (
+            {} if self.effective_reward is None else {"train/effective_reward": self.effective_reward}
+        )
+
+
+@dataclass(frozen=True)
+class LogprobGap:
+    """How far the sampler's log-probs were from the training model's, on sampled tokens (``_logprob_gap``)."""
+
+    abs: float  # mean |Δ log p|
+    max: float
+    k3: float  # k3 estimate of KL(π_sampler ‖ π_old)
+    large_share: float  # share of tokens with |Δ| > LARGE_GAP
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"rollout/logprob_gap_{k}": v for k, v in vars(self).items()}
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one iteration's update did (``Update.run``); ``as_metrics`` gives its train/* and
+    rollout/logprob_gap_* numbers."""
+
+    kl_reward: Mapping[str, float]  # KL in the reward's controller (``KLInReward``), train/kl_reward/*
+    advantage: AdvantageStats
+    critic: Mapping[str, float]  # the critic's view before the update (``Critic.stats``: its own names)
+    terms: Mapping[str, float]  # each loss term and its statistics by name, and each group's gradient norm,
+    # averaged over the steps taken
+    steps: int  # optimizer steps taken
+    nonfinite: int  # steps skipped on a non-finite loss or gradient
+    lr: Mapping[str, float]  # each parameter group's learning rate after the update
+    logprob_gap: LogprobGap | None  # None: no sampled token had the sampler's log-prob
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {f"train/{k}": v for k, v in self.kl_reward.items()}
+        out |= self.advantage.as_metrics() | dict(self.critic)
+        out |= {f"train/{k}": v for k, v in self.terms.items()}
+        out |= {"train/optimizer_steps": float(self.steps), "train/nonfinite_steps": float(self.nonfinite)}
+        out |= {"train/lr" if name == "policy" else f"train/{name}/lr": lr for name, lr in self.lr.items()}
+        return out | ({} if self.logprob_gap is None else self.logprob_gap.as_metrics())
 
 
 def token_scores(
@@ -209,9 +266,8 @@ class Update:
         backward: Backward,
         state: RunState,
         ranks: Ranks = ONE_PROCESS,
-    ) -> dict[str, float]:
-        """Steps 1–5 on the batch's kept rows (some rank must have one); returns the ``train/*`` and
-        ``rollout/logprob_gap_*`` numbers."""
+    ) -> UpdateStats:
+        """Steps 1–5 on the batch's kept rows (some rank must have one)."""
         share = batch.kept_share()
         kept = batch.kept_rows
         block = _group_block(batch, kept, ranks) if self.algo.minibatch == "groups" else 1
@@ -229,12 +285,20 @@ class Update:
         inputs = self.prepare(
             batch, kept, order[0][0], kl_reward=self.algo.kl_reward, kept_ratio=share.ratio, ranks=ranks
         )
-        metrics = {**inputs.metrics, **_advantage_stats(inputs, batch.returns[kept], self.critic, ranks)}
+        advantage = _advantage_stats(inputs, batch.returns[kept], ranks)
+        critic = {} if self.critic is None else self._critic_stats(inputs)
         # 4. mini-batches of micro-batches: backward, clip, step
-        metrics.update(self._train(inputs, order, optimizer, scheduler, backward, state, ranks))
+        terms, steps, nonfinite = self._train(inputs, order, optimizer, scheduler, backward, state, ranks)
+        lr = {group["name"]: float(lr) for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr())}
         # 5. how far the sampler's log-probs were from the training model's
-        metrics.update(_logprob_gap(inputs.old_logp, inputs.batch, ranks))
-        return metrics
+        gap = _logprob_gap(inputs.old_logp, inputs.batch, ranks)
+        return UpdateStats(inputs.kl_reward, advantage, critic, terms, steps, nonfinite, lr, gap)
+
+    def _critic_stats(self, inputs: UpdateInputs) -> dict[str, float]:
+        assert self.critic is not None and inputs.returns is not None and inputs.values is not None
+        return self.critic.stats(
+            inputs.returns, inputs.values, inputs.batch.loss_mask, inputs.batch.iteration
+        )
 
     def prepare(
         self,
@@ -275,14 +339,13 @@ class Update:
             if self.ref_policy is not None:
                 with self.ref_scope():
                     ref_logp = self._score(self.ref_policy, train, torch.arange(n), pad, ranks)[0]
-        metrics: dict[str, float] = {}
+        kl_stats: dict[str, float] = {}
         if kl_reward is not None:
             assert ref_logp is not None
             train, kl_stats = kl_reward(train, old_logp, ref_logp, ranks.sum)
-            metrics = {f"train/{k}": v for k, v in kl_stats.items()}
         est = self.algo.advantage(train, values, ranks.sum)
         advantages = est.advantages * loss_scale(kept_ratio, self.algo.loss_scaling)
-        return UpdateInputs(train, pad, advantages, est.returns, values, ref_logp, old_logp, known, metrics)
+        return UpdateInputs(train, pad, advantages, est.returns, values, ref_logp, old_logp, known, kl_stats)
 
     def plan(
         self, batch: RolloutBatch, minibatches: Sequence[torch.Tensor], ranks: Ranks = ONE_PROCESS
@@ -400,8 +463,9 @@ class Update:
         backward: Backward,
         state: RunState,
         ranks: Ranks,
-    ) -> dict[str, float]:
-        """Step 4: every mini-batch of every epoch is one optimizer step; returns step-averaged stats.
+    ) -> tuple[dict[str, float], int, int]:
+        """Step 4: every mini-batch of every epoch is one optimizer step; returns the loss terms' and the
+        gradient norms' averages over the steps taken, the steps taken and the steps skipped.
 
         ``order`` holds this rank's rows of each (global) mini-batch; a micro-batch's weight is its
         share of the whole mini-batch's ``row_weights`` over every rank.
@@ -455,12 +519,7 @@ class Update:
         progress.close()
         taken = len(steps) - skipped
         sums = {**ranks.sum_floats(sums), **clips}  # norms are already global (reduced gradients)
-        out = {f"train/{k}": v / max(taken, 1) for k, v in sums.items()}
-        out["train/optimizer_steps"] = float(taken)
-        out["train/nonfinite_steps"] = float(skipped)
-        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
-            out["train/lr" if group["name"] == "policy" else f"train/{group['name']}/lr"] = float(lr)
-        return out
+        return {k: v / max(taken, 1) for k, v in sums.items()}, taken, skipped
 
     def _zero_pass(self, pad: RolloutBatch, backward: Backward) -> None:
         """A forward and backward of weight 0 on the padding row: a rank with fewer micro-batches in a step
@@ -479,13 +538,10 @@ class Update:
         backward(loss)
 
 
-def _advantage_stats(
-    inputs: UpdateInputs, returns: torch.Tensor, critic: Critic | None, ranks: Ranks
-) -> dict[str, float]:
+def _advantage_stats(inputs: UpdateInputs, returns: torch.Tensor, ranks: Ranks) -> AdvantageStats:
     """The advantages' mean and mean magnitude over every rank's sampled tokens; the rows whose advantage is
     non-zero on some sampled token (``train/effective_rows``) and their mean return (``returns`` [B], the
-    episodes' before KL in the reward: ``train/effective_reward``, absent when there is none); the
-    critic's view. A group-relative estimator gives a group whose returns are all equal no advantage, so
+    episodes' before KL in the reward: ``train/effective_reward``, absent when there is none). A group-relative estimator gives a group whose returns are all equal no advantage, so
     the effective reward is that of the rollouts the task gradient learns from."""
     mask, adv = inputs.batch.loss_mask, inputs.advantages
     m = mask.to(adv.dtype)
@@ -502,17 +558,12 @@ def _advantage_stats(
         )
     )
     count = sums[2] if float(sums[2]) > 0 else torch.ones_like(sums[2])
-    out = {
-        "train/advantage_mean": float(sums[0] / count),
-        "train/advantage_abs": float(sums[1] / count),
-        "train/effective_rows": float(sums[3]),
-    }
-    if float(sums[3]) > 0:
-        out["train/effective_reward"] = float(sums[4] / sums[3])
-    if critic is not None:
-        assert inputs.returns is not None and inputs.values is not None
-        out.update(critic.stats(inputs.returns, inputs.values, mask, inputs.batch.iteration))
-    return out
+    return AdvantageStats(
+        mean=float(sums[0] / count),
+        abs=float(sums[1] / count),
+        effective_rows=int(sums[3]),
+        effective_reward=float(sums[4] / sums[3]) if float(sums[3]) > 0 else None,
+    )
 
 
 def _nonfinite(algo: AlgoConfig, iteration: int, step: int, norms: dict[str, float], streak: int) -> None:
@@ -566,7 +617,7 @@ def _pad_to(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, like.shape[1] - x.shape[1]))
 
 
-def _logprob_gap(old_logp: torch.Tensor, batch: RolloutBatch, ranks: Ranks) -> dict[str, float]:
+def _logprob_gap(old_logp: torch.Tensor, batch: RolloutBatch, ranks: Ranks) -> LogprobGap | None:
     """How far the sampler's log-probs are from the training model's recomputed ones, on sampled tokens
     (every rank's kept rows): the mean and largest |Δ log p|, the share of tokens with |Δ| > 0.1, and the
     k3 estimate of KL(π_sampler ‖ π_old) over the sampler's own draws, E[r − 1 − log r] with r = π_old/π_sampler."""
@@ -586,12 +637,10 @@ def _logprob_gap(old_logp: torch.Tensor, batch: RolloutBatch, ranks: Ranks) -> d
     )
     count = sum(p[1] for p in parts)
     if count == 0:
-        return {}
-    return {
-        "rollout/logprob_gap_abs": float(gap.mean())
-        if ranks.world == 1
-        else sum(p[0] for p in parts) / count,
-        "rollout/logprob_gap_max": max(p[2] for p in parts if p[1]),
-        "rollout/logprob_gap_k3": sum(p[3] for p in parts) / count,
-        "rollout/logprob_gap_large_share": sum(p[4] for p in parts) / count,
-    }
+        return None
+    return LogprobGap(
+        abs=float(gap.mean()) if ranks.world == 1 else sum(p[0] for p in parts) / count,
+        max=max(p[2] for p in parts if p[1]),
+        k3=sum(p[3] for p in parts) / count,
+        large_share=sum(p[4] for p in parts) / count,
+    )

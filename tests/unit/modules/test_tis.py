@@ -75,13 +75,13 @@ def test_the_mismatch_metrics_by_hand() -> None:
     n_first, n = int(first.sum()), int(mask.sum())  # 8 rows, 23 tokens
     # k3 = e^Δ − 1 − Δ: 2 − 1 − log 2 = 0.3069 at Δ = log 2, 1/2 − 1 + log 2 = 0.1931 at Δ = −log 2
     want_k3 = (n_first * (1 - LOG2) + (n - n_first) * (LOG2 - 0.5)) / n
-    assert (n_first, n) == (8, 23)
-    assert m["rollout/logprob_gap_k3"] == pytest.approx(want_k3, rel=1e-5)
-    assert m["rollout/logprob_gap_abs"] == pytest.approx(LOG2, rel=1e-5)
-    assert m["rollout/logprob_gap_max"] == pytest.approx(LOG2, rel=1e-5)
-    assert m["rollout/logprob_gap_large_share"] == 1.0  # every |Δ| = 0.693 > 0.1
+    assert (n_first, n) == (8, 23) and m is not None
+    assert m.k3 == pytest.approx(want_k3, rel=1e-5)
+    assert m.abs == pytest.approx(LOG2, rel=1e-5)
+    assert m.max == pytest.approx(LOG2, rel=1e-5)
+    assert m.large_share == 1.0  # every |Δ| = 0.693 > 0.1
     small = _logprob_gap(
         old, dataclasses.replace(batch, sampler_logprobs=torch.where(mask, old - 0.05, sampler)), ONE_PROCESS
     )
-    assert small["rollout/logprob_gap_large_share"] == 0.0
-    assert small["rollout/logprob_gap_k3"] == pytest.approx(math.exp(0.05) - 1 - 0.05, rel=1e-4)
+    assert small is not None and small.large_share == 0.0
+    assert small.k3 == pytest.approx(math.exp(0.05) - 1 - 0.05, rel=1e-4)

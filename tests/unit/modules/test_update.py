@@ -18,7 +18,7 @@ from ragen2.data.batch import KeptShare, RolloutBatch, collate_episodes
 from ragen2.models.loading import load_model
 from ragen2.modules.algo_config import AlgoConfig
 from ragen2.modules.run_state import RunState
-from ragen2.modules.update import NonFiniteUpdate, Update, build_optimizer
+from ragen2.modules.update import NonFiniteUpdate, Update, UpdateStats, build_optimizer
 from ragen2.settings import settings
 
 PROMPT = [11, 12, 13, 14]
@@ -122,24 +122,24 @@ def test_a_non_finite_step_is_skipped_with_weights_and_optimizer_untouched_and_t
     optimizer, scheduler = build_optimizer(update.algo, policy, None)
     state = RunState()
 
-    def iteration(n: int) -> dict[str, float]:
+    def iteration(n: int) -> UpdateStats:
         batch = dataclasses.replace(make_batch(), iteration=n)
         return update.run(batch, optimizer, scheduler, torch.Tensor.backward, state)
 
     first = iteration(0)
-    assert (first["train/optimizer_steps"], first["train/nonfinite_steps"]) == (1.0, 0.0)
+    assert (first.steps, first.nonfinite) == (1, 0)
     weights = [p.detach().clone() for p in policy.parameters()]
     moments, lr_step = _state(optimizer), scheduler.last_epoch
     skipped = iteration(1)
-    assert (skipped["train/optimizer_steps"], skipped["train/nonfinite_steps"]) == (0.0, 1.0)
+    assert (skipped.steps, skipped.nonfinite) == (0, 1)
     assert state.nonfinite_streak == 1
     assert all(torch.equal(p, w) for p, w in zip(policy.parameters(), weights))
     after = _state(optimizer)
     assert all(torch.equal(a[k], b[k]) for a, b in zip(after, moments) for k in a)
     assert scheduler.last_epoch == lr_step and all(p.grad is None for p in policy.parameters())
-    assert "train/loss" not in skipped and "train/grad_norm" not in skipped  # no NaN averaged in
+    assert "loss" not in skipped.terms and "grad_norm" not in skipped.terms  # no NaN averaged in
     went_on = iteration(2)
-    assert (went_on["train/optimizer_steps"], went_on["train/nonfinite_steps"]) == (1.0, 0.0)
+    assert (went_on.steps, went_on.nonfinite) == (1, 0)
     assert state.nonfinite_streak == 0
     assert any(not torch.equal(p, w) for p, w in zip(policy.parameters(), weights))
     assert all(bool(torch.isfinite(p).all()) for p in policy.parameters())
@@ -190,7 +190,7 @@ def test_the_kept_share_travels_on_the_batch_and_scales_the_advantages() -> None
     half = dataclasses.replace(make_batch(), share=KeptShare(first=0, kept=8, rows=16))
     out = update.run(half, optimizer, scheduler, torch.Tensor.backward, RunState())
     # mean |A| over sampled tokens (the advantages above): (1.5·2 + 0.5·9 + (√3/2)·12) / 23, then × 1/2
-    assert out["train/advantage_abs"] == pytest.approx((7.5 + 3**0.5 / 2 * 12) / 23 / 2, rel=1e-5)
+    assert out.advantage.abs == pytest.approx((7.5 + 3**0.5 / 2 * 12) / 23 / 2, rel=1e-5)
 
 
 def test_the_effective_reward_is_the_mean_return_of_rows_with_an_advantage() -> None:
@@ -209,14 +209,15 @@ def test_the_effective_reward_is_the_mean_return_of_rows_with_an_advantage() -> 
     update = Update(make_algo("algo.mini_batch_size=8"), policy)
     optimizer, scheduler = build_optimizer(update.algo, policy, None)
     out = update.run(batch, optimizer, scheduler, torch.Tensor.backward, RunState())
-    assert out["train/effective_rows"] == 6.0
-    assert out["train/effective_reward"] == pytest.approx(1 / 3)
+    assert out.advantage.effective_rows == 6
+    assert out.advantage.effective_reward == pytest.approx(1 / 3)
     # no row with an advantage (every return equal): no effective reward to report
     flat = dataclasses.replace(
         batch, returns=torch.zeros(8), token_rewards=torch.zeros_like(batch.token_rewards)
     )
     out = update.run(flat, optimizer, scheduler, torch.Tensor.backward, RunState())
-    assert out["train/effective_rows"] == 0.0 and "train/effective_reward" not in out
+    assert out.advantage.effective_rows == 0 and out.advantage.effective_reward is None
+    assert "train/effective_reward" not in out.as_metrics()
 
 
 def test_the_sampler_s_log_probs_stand_for_the_old_ones_without_a_forward() -> None:
