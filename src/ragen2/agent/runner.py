@@ -76,9 +76,8 @@ class AgentConfig:
     max_context: int = 4096  # tokens of prompt + response the model may hold
     step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S  # per env call; None or 0 = no limit
     layout: str = "auto"  # one sequence per episode or per turn (rollout.layout, ``ragen2.agent.render``)
-    tool_format: str = (
-        AUTO  # the function-call format of tool turns (env.tool_format, ``ragen2.agent.call_formats``)
-    )
+    # the function-call format of tool turns (env.tool_format, ``ragen2.agent.call_formats``)
+    tool_format: str = AUTO
 
     def __post_init__(self) -> None:
         for key in ("max_turns", "max_actions_per_turn"):

@@ -1,6 +1,8 @@
-"""Typed records of what rollouts did: ``RolloutStats`` over a list of episodes and ``GroupStats`` over their
-groups. Code reads their fields; ``as_metrics`` is where their logged keys are made (``rollout/*`` in training,
-``greedy/*`` and ``sampled/*`` in evaluation).
+"""Typed records of what rollouts did: ``RolloutStats`` over a list of episodes, ``GroupStats`` over their
+groups, ``DynamicStats`` over DAPO's rounds, and ``IterationRecord``, an iteration's all of them with the
+filter's statistics and the rollout's time (``RolloutBatch.record``). Code reads their fields; ``as_metrics`` is
+where their logged keys are made (``rollout/*`` and ``filter/*`` in training, ``greedy/*`` and ``sampled/*`` in
+evaluation).
 """
 
 from __future__ import annotations

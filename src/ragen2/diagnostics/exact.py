@@ -109,9 +109,9 @@ def grammar_logprobs(
 
     The prompts' caches come from one walk of their prefix tree; prompts of one length then score the
     sentence tree together, as many per forward as fit ``max_batch_positions`` (``cache_batches``), one
-    forward per depth of the tree on the cache the shallower depths left: a node attends to the prompt, its
-    ancestors and itself, so the attention is the deepest level's nodes × (prompt + the shallower nodes),
-    not every node × every node (8× less for the organism's 512 sentences)."""
+    forward per depth of the tree on the cache the shallower depths left (the deepest depth in segments): a
+    node attends to the prompt, its ancestors and itself, so the attention is each segment's nodes × (prompt +
+    the shallower nodes + the segment), not every node × every node."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("grammar_logprobs needs at least one prompt, each with at least one token id")
     tree = PrefixTree.of(sentences)

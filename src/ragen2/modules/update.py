@@ -165,8 +165,7 @@ class UpdateStats:
     kl_reward: Mapping[str, float]  # KL in the reward's controller (``KLInReward``), train/kl_reward/*
     advantage: AdvantageStats
     critic: Mapping[str, float]  # the critic's view before the update (``Critic.stats``: its own names)
-    terms: Mapping[str, float]  # each loss term and its statistics by name, and each group's gradient norm,
-    # averaged over the steps taken
+    terms: Mapping[str, float]  # loss terms, their statistics, each group's gradient norm: step averages
     steps: int  # optimizer steps taken
     nonfinite: int  # steps skipped on a non-finite loss or gradient
     lr: Mapping[str, float]  # each parameter group's learning rate after the update
