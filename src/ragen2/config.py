@@ -130,7 +130,7 @@ class Checked:
         raw = OmegaConf.to_container(node, resolve=False)  # interpolations as written: "${filter}"
         assert isinstance(raw, dict)
         given = {
-            str(key): self.nodes[value[2:-1]] for key, value in raw.items() if _whole(value) in self.nodes
+            str(key): self.nodes[name] for key, value in raw.items() if (name := _whole(value)) in self.nodes
         }
         return build(node, _partial_=True, **dict.fromkeys(given))(**given)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ragen2.agent.render import THINK_CLOSE
+from ragen2.agent.render import THINK_CLOSE, model_name
 from ragen2.errors import ConfigError
 
 AUTO = "auto"
@@ -91,10 +91,9 @@ class CallFormat:
     """A function-call format: how a tool turn's calls are written after ``</think>``."""
 
     name: str
-    marks: tuple[str, ...]  # text in a chat template (or a special token) that says the template teaches it
-    split: Callable[
-        [str], list[str] | None
-    ]  # a turn's calls -> each call's text; None: not this format's calls
+    mark: str  # text in a chat template (or a special token) that says the template teaches it
+    # a turn's calls -> each call's text; None: not this format's calls
+    split: Callable[[str], list[str] | None]
 
     def turn(self, text: str) -> tuple[str, list[str]] | None:
         """The reasoning and each call's text of a tool turn, or None when ``text`` is not one (an
@@ -106,9 +105,9 @@ class CallFormat:
         return None if not bodies else (think, bodies)
 
 
-HERMES = CallFormat("hermes", ("<tool_call>",), _hermes)
-LLAMA3_JSON = CallFormat("llama3_json", (PYTHON_TAG,), _llama3_json)
-MISTRAL = CallFormat("mistral", (TOOL_CALLS,), _mistral)
+HERMES = CallFormat("hermes", "<tool_call>", _hermes)
+LLAMA3_JSON = CallFormat("llama3_json", PYTHON_TAG, _llama3_json)
+MISTRAL = CallFormat("mistral", TOOL_CALLS, _mistral)
 FORMATS: Mapping[str, CallFormat] = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL)}
 
 
@@ -134,13 +133,12 @@ def call_format(tokenizer: Any, name: str = AUTO) -> CallFormat:
     if name != AUTO:
         return FORMATS[name]
     text = _template_text(tokenizer)
-    found = [f for f in FORMATS.values() if any(mark in text for mark in f.marks)]
+    found = [f for f in FORMATS.values() if f.mark in text]
     if len(found) == 1:
         return found[0]
-    model = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     why = "names several" if found else "names none"
     raise ConfigError(
-        f"model.name_or_path={model!r}: env.tool_format=auto reads the function-call format off the chat "
-        f"template, and it {why} of {', '.join(f'{f.name} ({f.marks[0]})' for f in FORMATS.values())}. "
+        f"model.name_or_path={model_name(tokenizer)!r}: env.tool_format=auto reads the function-call format off the chat "
+        f"template, and it {why} of {', '.join(f'{f.name} ({f.mark})' for f in FORMATS.values())}. "
         "Fix: env.tool_format=<the format the model writes>"
     )

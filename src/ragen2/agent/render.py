@@ -96,14 +96,15 @@ def template_fragments(tokenizer: Any, system_prompt: str, tools: Tools = None) 
         user_prefix, user_suffix = with_user[len(with_assistant) :].split(_USER)
         return TemplateFragments(closer=closer, user_prefix=user_prefix, user_suffix=user_suffix)
     raise ConfigError(
-        f"model.name_or_path={_model(tokenizer)!r}: its chat template does not keep history verbatim ({why}), so "
+        f"model.name_or_path={model_name(tokenizer)!r}: its chat template does not keep history verbatim ({why}), so "
         "prompts cannot grow by appending the sampled ids (rollout.layout=sequence, docs/method.md §2); "
         "Qwen3's templates drop earlier <think> blocks. Fix: rollout.layout=per_turn (or auto: one sequence "
         "per turn), or a model whose template keeps every turn as written (Qwen2.5-Instruct, SmolLM2, ChatML)"
     )
 
 
-def _model(tokenizer: Any) -> str:
+def model_name(tokenizer: Any) -> str:
+    """The model a tokenizer came from, for messages: its folder or name, else its class."""
     return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
 
 
@@ -133,7 +134,7 @@ def tool_fragments(tokenizer: Any, system_prompt: str, tools: Tools) -> ToolFrag
         if tail_two == prefix + first + middle + second + suffix:
             return ToolFragments(prefix=prefix, separator=middle, suffix=suffix)
     raise ConfigError(
-        f"model.name_or_path={_model(tokenizer)!r}: its chat template does not append tool results after a "
+        f"model.name_or_path={model_name(tokenizer)!r}: its chat template does not append tool results after a "
         "tool call as written, so prompts cannot grow by appending ids (rollout.layout=sequence). Fix: "
         "rollout.layout=per_turn (or auto)"
     )
@@ -154,7 +155,7 @@ def check_tool_template(tokenizer: Any, tools: Tools) -> None:
         r in written for r in (_RESULTS[0], json.dumps(_RESULTS[0])[1:-1])
     ):
         raise ConfigError(
-            f"model.name_or_path={_model(tokenizer)!r}: its chat template has no tool format (it renders no "
+            f"model.name_or_path={model_name(tokenizer)!r}: its chat template has no tool format (it renders no "
             "tool schemas or no tool results), so env.tools cannot be shown to the policy. Fix: a model whose "
             "template renders tools (model=tiny_qwen2, Qwen2.5-Instruct), or env.tools=[] (text actions)"
         )
@@ -203,7 +204,7 @@ def check_chat_template(tokenizer: Any, layout: str = "sequence", tools: Tools =
             if layout == "sequence":
                 raise
             chosen, why = "per_turn", "its chat template rewrites earlier turns: one sequence per turn"
-    log.info("rollout.layout=%s for %s (%s)", chosen, _model(tokenizer), why)
+    log.info("rollout.layout=%s for %s (%s)", chosen, model_name(tokenizer), why)
     return chosen
 
 

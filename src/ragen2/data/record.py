@@ -179,9 +179,8 @@ class IterationRecord:
     rollout: RolloutStats | None = None  # every rank's sampled episodes
     groups: GroupStats | None = None
     shaping: Mapping[str, float] = field(default_factory=dict)  # ``OverlongShaping.metrics``
-    filter: Mapping[str, float] = field(
-        default_factory=dict
-    )  # the filter's statistics (a user's names its own)
+    # the filter's statistics (a user's filter names its own)
+    filter: Mapping[str, float] = field(default_factory=dict)
     dynamic: DynamicStats | None = None
     rollout_s: float | None = None  # the slowest rank's
     perf: Mapping[str, float] = field(default_factory=dict)  # perf/rollout_* (``ragen2.perf.phase_metrics``)
