@@ -130,7 +130,9 @@ class Checked:
         raw = OmegaConf.to_container(node, resolve=False)  # interpolations as written: "${filter}"
         assert isinstance(raw, dict)
         given = {
-            str(key): self.nodes[name] for key, value in raw.items() if (name := _whole(value)) in self.nodes
+            str(key): self.nodes[name]
+            for key, value in raw.items()
+            if (name := _whole(value)) is not None and name in self.nodes
         }
         return build(node, _partial_=True, **dict.fromkeys(given))(**given)
 
