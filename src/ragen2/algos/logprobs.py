@@ -6,7 +6,8 @@ H = logsumexp(l) − Σ softmax(l)·l (verl's ``logprobs_from_logits`` / ``entro
 l = head(h) / T. ``sampled_logprobs`` runs it on the loss-masked positions of a [B, T] batch only.
 Departures from verl: the head itself runs inside the chunks, so no full-batch logits exist; when
 gradients are on every chunk is activation-checkpointed, so the forward keeps no [rows, V]
-intermediate (logits, softmax, fp32 upcast) alive and the backward recomputes one chunk at a time.
+intermediate (logits, softmax, fp32 upcast) alive and the backward recomputes one chunk at a time; a pass
+of at most ``CHECKPOINT_MIN_LOGITS`` logits (4 MiB) is not, its recomputation costing more than it saves.
 Half-precision logits are upcast to fp32 per chunk.
 
 A chunk holds at most ``LOGIT_BUDGET`` logits (``chunk_rows_for``): 1,024 rows of SmolLM2's 49,152-token
@@ -21,11 +22,19 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LOGIT_BUDGET", "chunk_rows_for", "masked_mean", "sampled_logprobs", "token_stats"]
+__all__ = [
+    "CHECKPOINT_MIN_LOGITS",
+    "LOGIT_BUDGET",
+    "chunk_rows_for",
+    "masked_mean",
+    "sampled_logprobs",
+    "token_stats",
+]
 
 Head = Callable[[torch.Tensor], torch.Tensor]  # [n, H] hidden states -> [n, V] logits
 # logits per chunk (192 MiB in fp32): a chunk's few [rows, V] intermediates stay around a GiB at any V
 LOGIT_BUDGET = 1024 * 49152
+CHECKPOINT_MIN_LOGITS = 1 << 20  # 4 MiB of fp32 logits: a pass this small is not checkpointed
 
 
 def chunk_rows_for(vocab: int, budget: int = LOGIT_BUDGET) -> int:
@@ -77,7 +86,8 @@ def token_stats(
     if ids.dtype != torch.long:
         raise ValueError(f"token_stats: ids must be torch.long, got {ids.dtype}")
     scale = 1.0 / temperature if temperature > 0 else 1.0
-    rows = chunk_rows or (chunk_rows_for(_vocab(head, hidden)) if hidden.shape[0] else 1)
+    vocab = _vocab(head, hidden) if hidden.shape[0] else 1
+    rows = chunk_rows or chunk_rows_for(vocab)
 
     def chunk_stats(h: torch.Tensor, chunk_ids: torch.Tensor) -> torch.Tensor:
         logits = head(h)
@@ -92,7 +102,8 @@ def token_stats(
             return lp[:, None]
         return torch.stack([lp, lse - (logits.softmax(-1) * logits).sum(-1)], dim=-1)  # [n, 2]
 
-    use_ckpt = torch.is_grad_enabled()
+    # a small pass keeps its intermediates: recomputing them cost a sixth of a 170k-parameter model's update
+    use_ckpt = torch.is_grad_enabled() and hidden.shape[0] * vocab > CHECKPOINT_MIN_LOGITS
     parts = [
         checkpoint(chunk_stats, hidden[s : s + rows], ids[s : s + rows], use_reentrant=False)
         if use_ckpt

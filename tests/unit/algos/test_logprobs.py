@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from ragen2.algos import logprobs
 from ragen2.algos.logprobs import LOGIT_BUDGET, chunk_rows_for, masked_mean, sampled_logprobs, token_stats
 from ragen2.models.forward import decoder_hidden, lm_head
 
@@ -31,9 +32,16 @@ def test_temperature_scales_the_logits() -> None:
     assert greedy.item() == pytest.approx(math.log(9 / 10))
 
 
+@pytest.mark.parametrize("checkpointed", [False, True])
 @pytest.mark.parametrize("chunk_rows", [1, 3, 4096])
-def test_matches_naive_with_gradients(chunk_rows: int) -> None:
-    # 10 rows: chunk 3 leaves a partial last chunk, 4096 is one chunk.
+def test_matches_naive_with_gradients(
+    chunk_rows: int, checkpointed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 10 rows: chunk 3 leaves a partial last chunk, 4096 is one chunk; 110 logits are checkpointed only below
+    # a threshold of 0
+    monkeypatch.setattr(
+        logprobs, "CHECKPOINT_MIN_LOGITS", 0 if checkpointed else logprobs.CHECKPOINT_MIN_LOGITS
+    )
     gen = torch.Generator().manual_seed(4)
     base = torch.randn(10, 11, generator=gen, dtype=torch.float64) * 3
     ids = torch.randint(0, 11, (10,), generator=gen)
@@ -55,6 +63,29 @@ def test_matches_naive_with_gradients(chunk_rows: int) -> None:
     torch.testing.assert_close(h, h_ref)
     torch.testing.assert_close(torch.autograd.grad([(lp * w).sum()], [x], retain_graph=True)[0], g_lp_ref)
     torch.testing.assert_close(torch.autograd.grad([(h * w).sum()], [x])[0], g_h_ref)
+
+
+@pytest.mark.parametrize("logits", [99, 100])
+def test_a_pass_above_the_threshold_keeps_no_logits_for_the_backward(
+    logits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """10 rows of a 10-token head: 100 logits. At a threshold of 99 they are checkpointed, so nothing the
+    size of the logits is saved for the backward; at 100 the pass keeps them."""
+    monkeypatch.setattr(logprobs, "CHECKPOINT_MIN_LOGITS", logits)
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(4, 10)
+    hidden = torch.randn(10, 4, generator=gen, requires_grad=True)
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _ = token_stats(hidden, torch.arange(10), head, with_entropy=True)
+    lp.sum().backward()  # the checkpointed chunk recomputes its logits here
+    assert (max(saved) >= 100) is (logits == 100)
+    assert hidden.grad is not None and head.weight.grad is not None
 
 
 def test_bfloat16_is_upcast() -> None:

@@ -10,7 +10,7 @@ import torch
 from helpers import ScriptLM
 
 from ragen2.rollout import SamplingParams
-from ragen2.rollout.hf import HFSampler, _filter_logits
+from ragen2.rollout.hf import HFSampler, _exponential, _filter_logits
 
 NO_STOP = SamplingParams(max_new_tokens=10, temperature=1.0, stop=())
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, stop=())
@@ -118,6 +118,19 @@ def test_top_k_samples_stay_in_the_top_k(sampler, tiny_model, prompts) -> None:
     for s, p in zip(sampler.generate(prompts, params, seed=5), prompts, strict=True):
         top3 = _forward_logits(tiny_model, p, s.ids).topk(3, dim=-1).indices
         assert all(t in row.tolist() for t, row in zip(s.ids, top3, strict=True))
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (128, 998), (3, 5, 11)])
+def test_the_race_draws_exponentials_very_floats(shape: tuple[int, ...]) -> None:
+    """The CPU race's draws are the floats exponential_ gives from the same generator, call after call (a
+    seeded run samples what it always sampled), and leave the generator where exponential_ does."""
+    ours, torchs = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    like = torch.empty(shape)
+    for _ in range(3):
+        drawn = _exponential(like, ours)
+        assert drawn.dtype == torch.float32 and drawn.shape == like.shape
+        assert torch.equal(drawn, torch.empty_like(like).exponential_(1, generator=torchs))
+    assert torch.equal(ours.get_state(), torchs.get_state())
 
 
 def test_filter_logits_keeps_the_argmax() -> None:
