@@ -1,51 +1,61 @@
 """One status line per iteration: what a researcher watches in a SLURM log (the ``ragen2`` logger).
 
-The numbers are the module's (``last_metrics``: the iteration's rollout, filter, MI and update numbers) and
-the latest regime reading of the module's ``Findings`` (``CollapseMonitor``), shown from the run's first
-MI pass on. The line is written at the end of the iteration (epoch), after every callback's batch-end
-hook, so it does not depend on the order of the callbacks. A number missing from the iteration is left
-out; the count of skipped non-finite optimizer steps (``train/nonfinite_steps``) shows only when there were
-some."""
+The numbers are fields of the module's record of the iteration (``PolicyModule.last``, an ``Iteration``:
+its rollouts, filter, MI pass and update) and the latest regime reading of the module's ``Findings``
+(``CollapseMonitor``), shown from the run's first MI pass on. The line is written at the end of the
+iteration (epoch), after every callback's batch-end hook, so it does not depend on the order of the
+callbacks. A number the iteration lacks is left out (an update the filter skipped, an iteration without an
+MI pass, a number that is not finite); the count of skipped non-finite optimizer steps shows only when there were some."""
 
 from __future__ import annotations
+
+import math
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from ragen2.data.contracts import reported_metrics
 from ragen2.diagnostics.findings import held_findings
+from ragen2.diagnostics.regimes import RegimeReading
 from ragen2.log import log
+from ragen2.modules.record import Iteration, last_iteration
 
-KEYS = (
-    ("success", "rollout/success", "{:.2f}"),
-    ("return", "rollout/return", "{:+.2f}"),
-    ("format", "rollout/format_valid_rate", "{:.2f}"),
-    # the groups by outcome (shares): only mixed ones give a success-only reward an advantage
-    ("all_ok", "rollout/groups_all_success", "{:.2f}"),
-    ("all_fail", "rollout/groups_all_fail", "{:.2f}"),
-    ("mixed", "rollout/groups_mixed", "{:.2f}"),
-    ("kept", "filter/kept", "{:.0f}"),
-    ("eff_reward", "train/effective_reward", "{:+.2f}"),
-    ("loss", "train/loss", "{:+.4f}"),
-    ("steps", "train/optimizer_steps", "{:.0f}"),
-    ("nonfinite", "train/nonfinite_steps", "{:.0f}"),
-    ("mi", "diag/first_turn/mi_est", "{:+.3f}"),
-    ("retr", "diag/first_turn/retrieval_acc", "{:.2f}"),
-    ("regime", "diag/regime", "{:.0f}"),
-    ("rollout_s", "time/rollout", "{:.0f}"),
-    ("update_s", "time/update", "{:.0f}"),
-)
+Shown = tuple[str, float | None, str]  # (name, value or None when absent, format)
 
-WHEN_NONZERO = {"train/nonfinite_steps"}  # a warning sign, not a number to read every iteration
+
+def numbers(it: Iteration, regime: RegimeReading | None) -> list[Shown]:
+    """The line's numbers, in order."""
+    rollout, groups, update = it.rollouts.rollout, it.rollouts.groups, it.update
+    first_turn = None if it.mi is None else it.mi.curves.get("first_turn")
+    proxies = {} if first_turn is None or first_turn.proxies is None else first_turn.proxies
+    return [
+        ("success", None if rollout is None else rollout.success, "{:.2f}"),
+        ("return", None if rollout is None else rollout.return_, "{:+.2f}"),
+        ("format", None if rollout is None else rollout.format_valid_rate, "{:.2f}"),
+        # the groups by outcome (shares): only mixed ones give a success-only reward an advantage
+        ("all_ok", None if groups is None else groups.all_success, "{:.2f}"),
+        ("all_fail", None if groups is None else groups.all_fail, "{:.2f}"),
+        ("mixed", None if groups is None else groups.mixed, "{:.2f}"),
+        ("kept", it.rollouts.filter.get("kept"), "{:.0f}"),  # the filter's own statistic (groups kept)
+        ("eff_reward", None if update is None else update.advantage.effective_reward, "{:+.2f}"),
+        ("loss", None if update is None else update.terms.get("loss"), "{:+.4f}"),
+        ("steps", None if update is None else update.steps, "{:.0f}"),
+        # a warning sign, not a number to read every iteration
+        ("nonfinite", update.nonfinite if update is not None and update.nonfinite else None, "{:.0f}"),
+        ("mi", proxies.get("mi_est"), "{:+.3f}"),
+        ("retr", proxies.get("retrieval_acc"), "{:.2f}"),
+        ("regime", None if regime is None else float(regime.declared), "{:.0f}"),
+        ("rollout_s", it.rollouts.rollout_s, "{:.0f}"),
+        ("update_s", it.update_s, "{:.0f}"),
+    ]
 
 
 class IterationSummary(L.Callback):
     @rank_zero_only
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        metrics = dict(reported_metrics(pl_module))
+        it = last_iteration(pl_module)
+        if it is None:
+            return
         findings = held_findings(pl_module)
-        if findings is not None and findings.regime is not None:
-            metrics.update(findings.regime.as_metrics())
-        shown = {k: v for k, v in metrics.items() if k not in WHEN_NONZERO or v != 0}
-        parts = [f"{name} {fmt.format(shown[key])}" for name, key, fmt in KEYS if key in shown]
+        shown = numbers(it, None if findings is None else findings.regime)
+        parts = [f"{name} {fmt.format(v)}" for name, v, fmt in shown if v is not None and math.isfinite(v)]
         log.info("iteration %d: %s", trainer.current_epoch, " | ".join(parts))

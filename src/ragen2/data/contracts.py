@@ -14,13 +14,6 @@ class HoldsPolicy(Protocol):
     policy: Any
 
 
-class ReportsMetrics(Protocol):
-    """What callbacks read after each iteration: every metric the iteration logged (``rollout/``,
-    ``filter/``, ``diag/``, ``train/``, ``time/``), as plain floats."""
-
-    last_metrics: Mapping[str, float]
-
-
 class MetricsRow(Protocol):
     """Where a callback puts numbers for the iteration's logged row: the module writes the row to every
     logger once, after every callback's batch-end hook (``PolicyModule.on_train_batch_end``)."""
@@ -61,12 +54,6 @@ def log_row(module: Any, metrics: Mapping[str, float]) -> None:
         row.update(metrics)
     else:
         module.log_dict(dict(metrics), on_step=True, on_epoch=False, batch_size=1)
-
-
-def reported_metrics(module: Any) -> Mapping[str, float]:
-    """``module.last_metrics`` (``ReportsMetrics``), or an empty mapping for a module without them."""
-    metrics = getattr(module, "last_metrics", None)
-    return metrics if isinstance(metrics, Mapping) else {}
 
 
 def first_turn_source(datamodule: Any) -> SamplesFirstTurns | None:

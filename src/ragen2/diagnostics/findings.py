@@ -2,8 +2,8 @@
 
 Each callback writes its own field: ``MIDiagnostics`` the ``MIPass`` and ``GradientBuckets`` the
 ``GradientPass``, both before the update; ``CollapseMonitor`` the ``RegimeReading``, after it. The module
-logs ``before_update(iteration)`` with its own numbers (one row, one ``last_metrics``); the collapse
-monitor reads ``mi`` and the summary line ``regime``. Nothing is parsed back from logged names.
+puts ``before_update(iteration)`` in its ``Iteration`` (``ragen2.modules.record``) with its own numbers; the
+collapse monitor reads ``mi`` and the summary line ``regime``. Nothing is parsed back from logged names.
 
 The store is on the module because the module is the one object every callback is handed in every hook:
 callbacks that Hydra builds one by one need no wiring between them, and Lightning's hook order (batch
@@ -29,13 +29,13 @@ class Findings:
     gradients: GradientPass | None = None
     regime: RegimeReading | None = None  # the latest reading in this process (none before the first pass)
 
-    def before_update(self, iteration: int) -> dict[str, float]:
-        """The numbers of ``iteration``'s passes that ran before its update (empty on iterations without)."""
-        out: dict[str, float] = {}
-        for found in (self.mi, self.gradients):
-            if found is not None and found.iteration == iteration:
-                out.update(found.as_metrics())
-        return out
+    def before_update(self, iteration: int) -> tuple[MIPass | None, GradientPass | None]:
+        """``iteration``'s MI and gradient passes, which ran before its update (None where none did)."""
+        mi, gradients = self.mi, self.gradients
+        return (
+            mi if mi is not None and mi.iteration == iteration else None,
+            gradients if gradients is not None and gradients.iteration == iteration else None,
+        )
 
 
 class HoldsFindings(Protocol):

@@ -28,11 +28,10 @@ frozen parameter).
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any, cast
 
@@ -48,6 +47,7 @@ from ragen2.models.loading import ModelConfig
 from ragen2.models.lora import adapters_off, has_adapters
 from ragen2.modules.algo_config import AlgoConfig
 from ragen2.modules.critic import Critic
+from ragen2.modules.record import Iteration
 from ragen2.modules.run_state import KEY, RunState, migrate
 from ragen2.modules.update import Update, build_optimizer
 from ragen2.perf import phase_metrics, start_phase
@@ -66,8 +66,8 @@ class PolicyModule(L.LightningModule):
     """The update of every algorithm: configured by ``algo`` (``AlgoConfig``), not subclassed.
 
     Declared attributes (``ragen2.data.contracts``): ``policy``, the causal LM being trained (the
-    DataModule samples from it, callbacks score with it); ``last_metrics``, every metric the latest
-    iteration logged; ``row``, the iteration's row of logged numbers, to which callbacks add theirs
+    DataModule samples from it, callbacks score with it); ``last``, the latest iteration's record
+    (``ragen2.modules.record.Iteration``), and ``last_metrics``, every metric it logged; ``row``, the iteration's row of logged numbers, to which callbacks add theirs
     (``MetricsRow``) before the module writes it; ``findings`` (``ragen2.diagnostics.findings``), what the diagnostic callbacks found,
     whose passes before the update it logs with its own numbers. ``critic`` is the PPO critic or None; ``ref_policy`` the frozen copy of the policy that
     a KL term compares with, or None (no KL term, or LoRA: the reference is the policy with its adapters off);
@@ -94,6 +94,7 @@ class PolicyModule(L.LightningModule):
         self.policy: Any = None
         self.ref_policy: Any = None
         self.update: Update | None = None
+        self.last: Iteration | None = None
         self.last_metrics: dict[str, float] = {}
         self.findings = Findings()
         self.stopped: RunStopped | None = None
@@ -180,36 +181,28 @@ class PolicyModule(L.LightningModule):
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         start = time.perf_counter()
         start_phase(self.device)
-        metrics = {
-            **batch.record.as_metrics(),
-            **self.findings.before_update(batch.iteration),
-            "train/iteration": float(batch.iteration),
-        }
+        iteration = Iteration(batch.iteration, batch.record, *self.findings.before_update(batch.iteration))
         # nothing kept on any rank, nothing to learn from
         if batch.kept_share().kept == 0:
-            self._log({**metrics, **self._skip(batch.iteration)})
+            self._log(replace(iteration, empty_streak=self._skip(batch.iteration)))
             return
         self.run_state.empty_streak = 0
-        metrics["filter/skipped"] = 0.0
         ranks = Ranks.current()
         # one optimizer and one scheduler (configure_optimizers); a LightningOptimizer subclasses the class
         # of the optimizer it wraps at run time, and its step runs the strategy's and precision's hooks
         optimizer = cast(torch.optim.Optimizer, self.optimizers())
         scheduler = cast(torch.optim.lr_scheduler.LRScheduler, self.lr_schedulers())
         assert self.update is not None, "configure_model() builds the update with the models"
-        metrics.update(
-            self.update.run(
-                batch, optimizer, scheduler, self.manual_backward, self.run_state, ranks
-            ).as_metrics()
-        )
-        metrics["time/update"] = time.perf_counter() - start
+        stats = self.update.run(batch, optimizer, scheduler, self.manual_backward, self.run_state, ranks)
+        seconds = time.perf_counter() - start
         kept_tokens = int(batch.attention_mask[batch.kept_rows].sum())
         tokens = kept_tokens * self.algo.epochs  # forwarded once per epoch
-        metrics.update(phase_metrics("update", tokens, metrics["time/update"], self.device, ranks))
-        self._log(metrics)
+        perf = phase_metrics("update", tokens, seconds, self.device, ranks)
+        self._log(replace(iteration, update=stats, update_s=seconds, perf=perf))
 
-    def _skip(self, iteration: int) -> dict[str, float]:
-        """Count an iteration whose filter kept no group; stop after ``algo.max_empty_iterations``."""
+    def _skip(self, iteration: int) -> int:
+        """Count an iteration whose filter kept no group (the streak, this one included); stop after
+        ``algo.max_empty_iterations``."""
         self.run_state.empty_streak += 1
         streak, limit = self.run_state.empty_streak, self.algo.max_empty_iterations
         if limit and streak >= limit:
@@ -229,12 +222,12 @@ class PolicyModule(L.LightningModule):
             self.trainer.should_stop = True
         else:
             log.info("iteration %d: the filter kept no group; no update this iteration", iteration)
-        return {"filter/skipped": 1.0, "filter/empty_streak": float(streak)}
+        return streak
 
-    def _log(self, metrics: dict[str, float]) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-        self.row.update(clean)
-        self.last_metrics = clean
+    def _log(self, iteration: Iteration) -> None:
+        self.last = iteration
+        self.last_metrics = iteration.as_metrics()
+        self.row.update(self.last_metrics)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Write the iteration's row to every logger, in one call after every callback's batch-end hook (a

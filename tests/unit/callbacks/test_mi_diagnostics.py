@@ -127,9 +127,14 @@ def test_the_pass_goes_to_the_module_s_findings_not_the_batch(batch: RolloutBatc
     MIDiagnostics(num_samples=8).on_train_batch_start(None, module, batch, 0)  # type: ignore[arg-type]
     assert batch.record.as_metrics() == before
     assert module.findings.mi is not None and module.findings.mi.iteration == batch.iteration
-    logged = module.findings.before_update(batch.iteration)
+    mi, gradients = module.findings.before_update(batch.iteration)
+    assert mi is module.findings.mi and gradients is None
+    logged = mi.as_metrics()
     assert logged["diag/first_turn/rows"] == 8 and "time/diagnostics" in logged
-    assert module.findings.before_update(batch.iteration + 1) == {}  # the next iteration had no pass
+    assert module.findings.before_update(batch.iteration + 1) == (
+        None,
+        None,
+    )  # the next iteration had no pass
 
 
 @pytest.mark.parametrize(

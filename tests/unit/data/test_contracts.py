@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from ragen2.data.contracts import held_policy, reported_metrics
+from ragen2.data.contracts import held_policy
 
 
 class _Module(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.policy = None
-        self.last_metrics: dict[str, float] = {}
 
 
 def test_a_policy_assigned_as_a_submodule_is_found() -> None:
@@ -21,8 +20,5 @@ def test_a_policy_assigned_as_a_submodule_is_found() -> None:
     assert "policy" not in vars(module) and held_policy(module) is module.policy
 
 
-def test_metrics_of_a_module_and_of_an_object_without_them() -> None:
-    module = _Module()
-    module.last_metrics = {"train/loss": 1.5}
-    assert reported_metrics(module) == {"train/loss": 1.5}
-    assert reported_metrics(object()) == {} and held_policy(object()) is None
+def test_an_object_without_a_policy_holds_none() -> None:
+    assert held_policy(object()) is None

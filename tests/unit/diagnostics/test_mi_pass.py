@@ -55,13 +55,14 @@ def test_the_regimes_read_three_finite_numbers_of_a_curve() -> None:
 
 def test_findings_log_only_the_iteration_s_own_passes() -> None:
     findings = Findings()
-    assert findings.before_update(0) == {}
+    assert findings.before_update(0) == (None, None)
     findings.mi = MIPass(4, {"first_turn": CurvePass(2)}, seconds=1.0)
     everything = Bucket(ALL, 2, 8.0, 40.0, 0.25, norms={"task": TermNorm(0.5, 0.5, 0.1)})
     findings.gradients = GradientPass(5, (), everything, seconds=3.0)
     findings.regime = RegimeReading(4, Regime.TEMPLATE_COLLAPSE, Regime.COLLAPSED)
-    assert findings.before_update(4) == findings.mi.as_metrics()  # the regime is logged by its monitor
-    assert findings.before_update(5) == {
+    assert findings.before_update(4) == (findings.mi, None)  # the regime is logged by its monitor
+    assert findings.before_update(5) == (None, findings.gradients)
+    assert findings.gradients.as_metrics() == {
         "grad/all/groups": 2.0,
         "grad/all/samples": 8.0,
         "grad/all/tokens": 40.0,
