@@ -37,7 +37,7 @@ from ragen2.data.sampling import DynamicSampling, regroup
 from ragen2.data.seeds import instance_seeds, local_groups, sampler_seed
 from ragen2.data.shaping import OverlongShaping
 from ragen2.distributed import ONE_PROCESS, Ranks
-from ragen2.perf import phase_metrics, start_phase
+from ragen2.perf import phase_perf, start_phase
 
 __all__ = ["Collect", "IterationPlan", "Rounds", "collect_iteration", "collect_rounds"]
 
@@ -108,8 +108,7 @@ def collect_iteration(
         shaping={} if plan.shaping is None else plan.shaping.metrics(sampled),
         filter=stats,
         dynamic=rounds.dynamic,
-        rollout_s=rollout_s,
-        perf=phase_metrics("rollout", tokens, rollout_s, device, ranks),
+        perf=phase_perf(tokens, rollout_s, device, ranks),
     )
     batch = collate_episodes(
         rounds.episodes, rounds.groups, plan.pad_id, iteration, terms, selection=selection, record=record

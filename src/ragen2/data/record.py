@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ragen2.agent.episode import ENV_ERROR, Episode
+from ragen2.perf import PhasePerf
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -182,8 +183,12 @@ class IterationRecord:
     # the filter's statistics (a user's filter names its own)
     filter: Mapping[str, float] = field(default_factory=dict)
     dynamic: DynamicStats | None = None
-    rollout_s: float | None = None  # the slowest rank's
-    perf: Mapping[str, float] = field(default_factory=dict)  # perf/rollout_* (``ragen2.perf.phase_metrics``)
+    perf: PhasePerf | None = None  # the rollout's time and tokens
+
+    @property
+    def rollout_s(self) -> float | None:
+        """The rollout's time (the slowest rank's)."""
+        return None if self.perf is None else self.perf.seconds
 
     def as_metrics(self) -> dict[str, float]:
         """rollout/*, filter/*, time/rollout and perf/rollout_*."""
@@ -192,5 +197,4 @@ class IterationRecord:
         out.update({f"rollout/{k}": v for k, v in self.shaping.items()})
         out.update({f"filter/{k}": v for k, v in self.filter.items()})
         out.update({} if self.dynamic is None else self.dynamic.as_metrics())
-        out.update({} if self.rollout_s is None else {"time/rollout": self.rollout_s})
-        return out | dict(self.perf)
+        return out | ({} if self.perf is None else self.perf.as_metrics("rollout"))

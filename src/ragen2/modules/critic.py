@@ -22,6 +22,7 @@ the first advantages are the whitened returns.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +35,19 @@ from ragen2.models.forward import by_sequence
 from ragen2.models.loading import load_model
 from ragen2.models.lora import LoRAConfig
 from ragen2.models.value import position_values, zero_head
+
+
+@dataclass(frozen=True)
+class CriticStats:
+    """The critic's view of the kept batch before the update (``Critic.stats``): ``train/critic/*``."""
+
+    values_mean: float
+    returns_mean: float
+    explained_variance: float  # 1 − Var(R − V)/Var(R): 1 is a perfect critic, ≤ 0 no better than a constant
+    warmup: bool  # the policy waits while the critic warms up (``algo.critic.warmup_iterations``)
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"train/critic/{k}": float(v) for k, v in vars(self).items()}
 
 
 class Critic(nn.Module):
@@ -167,15 +181,14 @@ class Critic(nn.Module):
 
     def stats(
         self, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, iteration: int
-    ) -> dict[str, float]:
+    ) -> CriticStats:
         """The critic's view of the kept batch before the update: values, targets, explained variance."""
         var_ret = masked_mean((returns - masked_mean(returns, mask)).square(), mask)
         resid = returns - values
         var_res = masked_mean((resid - masked_mean(resid, mask)).square(), mask)
-        return {
-            "train/critic/values_mean": float(masked_mean(values, mask)),
-            "train/critic/returns_mean": float(masked_mean(returns, mask)),
-            # 1 − Var(R − V)/Var(R): 1 is a perfect critic, ≤ 0 no better than a constant
-            "train/critic/explained_variance": float(1.0 - var_res / var_ret) if float(var_ret) > 0 else 0.0,
-            "train/critic/warmup": float(not self.trains_policy(iteration)),
-        }
+        return CriticStats(
+            values_mean=float(masked_mean(values, mask)),
+            returns_mean=float(masked_mean(returns, mask)),
+            explained_variance=float(1.0 - var_res / var_ret) if float(var_ret) > 0 else 0.0,
+            warmup=not self.trains_policy(iteration),
+        )

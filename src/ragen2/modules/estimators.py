@@ -10,7 +10,7 @@ format penalty) on that turn's last sampled token, so a turn is credited with wh
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar, NamedTuple, Protocol
 
 import torch
@@ -173,6 +173,18 @@ class GAEAdvantage:
         return Advantages(whiten(adv, mask, reduce=reduce) if self.whiten else adv, returns)
 
 
+@dataclass(frozen=True)
+class KLRewardStats:
+    """What KL in the reward did to one iteration's batch (``KLInReward``): logged as ``train/kl_reward/*``."""
+
+    kl: float  # the batch's mean per-token KL to the reference (per sequence, then over sequences)
+    coef: float  # β the penalty used (the controller moves after)
+    penalty: float  # the mean penalty a row's return got
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"train/kl_reward/{k}": v for k, v in vars(self).items()}
+
+
 class KLInReward:
     """KL to the reference as a per-token reward, −β·KL(old ‖ ref), with a fixed or adaptive β.
 
@@ -190,7 +202,7 @@ class KLInReward:
 
     def __call__(
         self, batch: RolloutBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor, reduce: Reduce = same
-    ) -> tuple[RolloutBatch, dict[str, float]]:
+    ) -> tuple[RolloutBatch, KLRewardStats]:
         """``reduce`` sums over data-parallel ranks: the controller moves on every rank's mean KL."""
         mask = batch.loss_mask
         kl = kl_penalty(old_logp, ref_logp, self.kind) * mask  # [B, T]
@@ -209,9 +221,5 @@ class KLInReward:
         )
         rows_kept = (mask.sum(-1) > 0).to(mask.dtype)  # [B] rows with sampled tokens
         total_pen = reduce(torch.stack([(penalty.sum(-1) * rows_kept).sum(), rows_kept.sum()]))
-        stats = {
-            "kl_reward/kl": current,
-            "kl_reward/coef": beta,
-            "kl_reward/penalty": float(total_pen[0] / torch.where(total_pen[1] > 0, total_pen[1], 1.0)),
-        }
-        return shaped, stats
+        penalty_mean = float(total_pen[0] / torch.where(total_pen[1] > 0, total_pen[1], 1.0))
+        return shaped, KLRewardStats(kl=current, coef=beta, penalty=penalty_mean)

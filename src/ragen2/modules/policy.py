@@ -50,7 +50,7 @@ from ragen2.modules.critic import Critic
 from ragen2.modules.record import Iteration
 from ragen2.modules.run_state import KEY, RunState, migrate
 from ragen2.modules.update import Update, build_optimizer
-from ragen2.perf import phase_metrics, start_phase
+from ragen2.perf import phase_perf, start_phase
 from ragen2.settings import settings
 
 REF_PREFIX = "ref_policy."
@@ -197,8 +197,7 @@ class PolicyModule(L.LightningModule):
         seconds = time.perf_counter() - start
         kept_tokens = int(batch.attention_mask[batch.kept_rows].sum())
         tokens = kept_tokens * self.algo.epochs  # forwarded once per epoch
-        perf = phase_metrics("update", tokens, seconds, self.device, ranks)
-        self._log(replace(iteration, update=stats, update_s=seconds, perf=perf))
+        self._log(replace(iteration, update=stats, perf=phase_perf(tokens, seconds, self.device, ranks)))
 
     def _skip(self, iteration: int) -> int:
         """Count an iteration whose filter kept no group (the streak, this one included); stop after

@@ -1,13 +1,12 @@
 """``Iteration``: one iteration as the module logs it, typed. The rollouts' record (``IterationRecord``), the
 diagnostic passes that ran before the update (``MIPass``, ``GradientPass``), what the update did
-(``UpdateStats``, or the filter's empty streak when it kept nothing) and its time. ``as_metrics`` is the row
+(``UpdateStats``, or the filter's empty streak when it kept nothing) and its time and tokens. ``as_metrics`` is the row
 the module writes; the summary line and a notebook read the fields (``PolicyModule.last``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ from ragen2.data.record import IterationRecord
 from ragen2.diagnostics.gradients import GradientPass
 from ragen2.diagnostics.mi_pass import MIPass
 from ragen2.modules.update import UpdateStats
+from ragen2.perf import PhasePerf
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,11 @@ class Iteration:
     gradients: GradientPass | None = None  # the gradient pass of this iteration, if one ran
     update: UpdateStats | None = None  # None: the filter kept no group, no update
     empty_streak: int = 0  # iterations in a row, this one included, whose filter kept no group
-    update_s: float | None = None  # the update's time (None when there was none)
-    perf: Mapping[str, float] = field(default_factory=dict)  # perf/update_* (``ragen2.perf.phase_metrics``)
+    perf: PhasePerf | None = None  # the update's time and tokens (None when there was none)
 
     @property
-    def skipped(self) -> bool:
-        return self.update is None
+    def update_s(self) -> float | None:
+        return None if self.perf is None else self.perf.seconds
 
     def as_metrics(self) -> dict[str, float]:
         """The iteration's row: rollout/*, filter/*, diag/*, train/*, time/* and perf/*; a value that is not
@@ -47,8 +46,7 @@ class Iteration:
         else:
             out["filter/skipped"] = 0.0
             out |= self.update.as_metrics()
-        out.update({} if self.update_s is None else {"time/update": self.update_s})
-        out.update(self.perf)
+        out.update({} if self.perf is None else self.perf.as_metrics("update"))
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 

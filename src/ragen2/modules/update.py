@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MethodType
 from typing import Any
 
@@ -58,8 +58,8 @@ from ragen2.distributed import ONE_PROCESS, Ranks
 from ragen2.log import log
 from ragen2.models.forward import decoder_hidden, lm_head
 from ragen2.modules.algo_config import AlgoConfig
-from ragen2.modules.critic import Critic
-from ragen2.modules.estimators import KLInReward
+from ragen2.modules.critic import Critic, CriticStats
+from ragen2.modules.estimators import KLInReward, KLRewardStats
 from ragen2.modules.objectives import LossTerms
 from ragen2.modules.run_state import RunState
 from ragen2.progress import bar
@@ -106,7 +106,7 @@ class UpdateInputs:
     ref_logp: torch.Tensor | None  # [B, T] the frozen reference's log-probs
     old_logp: torch.Tensor  # [B, T] the rows' log-probs before the update: set where ``known``
     known: torch.Tensor  # [B] bool; the other rows get theirs from their first training forward
-    kl_reward: dict[str, float] = field(default_factory=dict)  # KL in the reward's statistics
+    kl_reward: KLRewardStats | None = None  # what KL in the reward did (None without it)
 
     def remember(self, rows: torch.Tensor, old_logp: torch.Tensor) -> None:
         """Record the old log-probs ``loss_terms`` used for ``rows`` ([b, T']), so later steps reuse them."""
@@ -162,9 +162,9 @@ class UpdateStats:
     """What one iteration's update did (``Update.run``); ``as_metrics`` gives its train/* and
     rollout/logprob_gap_* numbers."""
 
-    kl_reward: Mapping[str, float]  # KL in the reward's controller (``KLInReward``), train/kl_reward/*
+    kl_reward: KLRewardStats | None  # KL in the reward (``KLInReward``); None without it
     advantage: AdvantageStats
-    critic: Mapping[str, float]  # the critic's view before the update (``Critic.stats``: its own names)
+    critic: CriticStats | None  # the critic's view before the update; None without a critic
     terms: Mapping[str, float]  # loss terms, their statistics, each group's gradient norm: step averages
     steps: int  # optimizer steps taken
     nonfinite: int  # steps skipped on a non-finite loss or gradient
@@ -172,8 +172,8 @@ class UpdateStats:
     logprob_gap: LogprobGap | None  # None: no sampled token had the sampler's log-prob
 
     def as_metrics(self) -> dict[str, float]:
-        out = {f"train/{k}": v for k, v in self.kl_reward.items()}
-        out |= self.advantage.as_metrics() | dict(self.critic)
+        out = {} if self.kl_reward is None else self.kl_reward.as_metrics()
+        out |= self.advantage.as_metrics() | ({} if self.critic is None else self.critic.as_metrics())
         out |= {f"train/{k}": v for k, v in self.terms.items()}
         out |= {"train/optimizer_steps": float(self.steps), "train/nonfinite_steps": float(self.nonfinite)}
         out |= {"train/lr" if name == "policy" else f"train/{name}/lr": lr for name, lr in self.lr.items()}
@@ -285,7 +285,7 @@ class Update:
             batch, kept, order[0][0], kl_reward=self.algo.kl_reward, kept_ratio=share.ratio, ranks=ranks
         )
         advantage = _advantage_stats(inputs, batch.returns[kept], ranks)
-        critic = {} if self.critic is None else self._critic_stats(inputs)
+        critic = None if self.critic is None else self._critic_stats(inputs)
         # 4. mini-batches of micro-batches: backward, clip, step
         terms, steps, nonfinite = self._train(inputs, order, optimizer, scheduler, backward, state, ranks)
         lr = {group["name"]: float(lr) for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr())}
@@ -293,7 +293,7 @@ class Update:
         gap = _logprob_gap(inputs.old_logp, inputs.batch, ranks)
         return UpdateStats(inputs.kl_reward, advantage, critic, terms, steps, nonfinite, lr, gap)
 
-    def _critic_stats(self, inputs: UpdateInputs) -> dict[str, float]:
+    def _critic_stats(self, inputs: UpdateInputs) -> CriticStats:
         assert self.critic is not None and inputs.returns is not None and inputs.values is not None
         return self.critic.stats(
             inputs.returns, inputs.values, inputs.batch.loss_mask, inputs.batch.iteration
@@ -338,7 +338,7 @@ class Update:
             if self.ref_policy is not None:
                 with self.ref_scope():
                     ref_logp = self._score(self.ref_policy, train, torch.arange(n), pad, ranks)[0]
-        kl_stats: dict[str, float] = {}
+        kl_stats: KLRewardStats | None = None
         if kl_reward is not None:
             assert ref_logp is not None
             train, kl_stats = kl_reward(train, old_logp, ref_logp, ranks.sum)

@@ -17,6 +17,7 @@ from ragen2.diagnostics.mi_pass import CurvePass, MIPass
 from ragen2.diagnostics.regimes import Regime, RegimeReading
 from ragen2.modules.record import Iteration
 from ragen2.modules.update import AdvantageStats, UpdateStats
+from ragen2.perf import PhasePerf
 
 
 def line(module: object, iteration: int, caplog: pytest.LogCaptureFixture) -> str | None:
@@ -33,18 +34,20 @@ def rollouts() -> IterationRecord:
         for g, s, r in ((0, 0, 1.0), (0, 1, 0.0), (1, 0, 0.0), (1, 1, 0.0))
     ]
     eps[0].success = True
-    return IterationRecord(RolloutStats.of(eps), GroupStats.of([eps]), filter={"kept": 1.0}, rollout_s=2.4)
+    return IterationRecord(
+        RolloutStats.of(eps), GroupStats.of([eps]), filter={"kept": 1.0}, perf=PhasePerf(2.4, 12.0)
+    )
 
 
 def update(loss: float, nonfinite: int = 0) -> UpdateStats:
     return UpdateStats(
-        {}, AdvantageStats(0.0, 0.5, 2, 0.5), {}, {"loss": loss}, 4, nonfinite, {"policy": 1e-4}, None
+        None, AdvantageStats(0.0, 0.5, 2, 0.5), None, {"loss": loss}, 4, nonfinite, {"policy": 1e-4}, None
     )
 
 
 def test_the_line_reads_the_iteration_s_fields(caplog: pytest.LogCaptureFixture) -> None:
     module = SimpleNamespace(
-        last=Iteration(3, rollouts(), update=update(0.5), update_s=1.6), findings=Findings()
+        last=Iteration(3, rollouts(), update=update(0.5), perf=PhasePerf(1.6, 8.0)), findings=Findings()
     )
     assert line(module, 3, caplog) == (
         "iteration 3: success 0.25 | return +0.25 | format 1.00 | all_ok 0.00 | all_fail 0.50 | mixed 0.50 | "
@@ -85,16 +88,15 @@ def test_the_line_shows_the_mi_pass_and_the_latest_regime_from_the_findings(
 
 def test_the_row_is_the_record_s_metrics_in_the_order_runs_logged_them() -> None:
     passed = MIPass(2, {"first_turn": CurvePass(3)}, seconds=0.5)
-    row = Iteration(
-        2, rollouts(), mi=passed, update=update(0.5), update_s=1.5, perf={"perf/update_tokens": 9.0}
-    )
+    row = Iteration(2, rollouts(), mi=passed, update=update(0.5), perf=PhasePerf(1.5, 9.0))
     keys = list(row.as_metrics())
     assert (
         keys.index("filter/kept") < keys.index("diag/first_turn/valid_rows") < keys.index("train/iteration")
     )
-    assert keys[keys.index("train/iteration") + 1] == "filter/skipped" and keys[-2:] == [
+    assert keys[keys.index("train/iteration") + 1] == "filter/skipped" and keys[-3:] == [
         "time/update",
         "perf/update_tokens",
+        "perf/update_tokens_per_s",
     ]
     assert row.as_metrics()["filter/skipped"] == 0.0 and row.as_metrics()["train/loss"] == 0.5
     skipped = Iteration(2, empty_streak=3).as_metrics()

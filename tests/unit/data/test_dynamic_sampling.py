@@ -134,10 +134,9 @@ def test_same_iteration_twice_gives_the_same_batch() -> None:
     def untimed(metrics: dict[str, float]) -> dict[str, float]:  # seconds and rates vary run to run
         return {k: v for k, v in metrics.items() if not k.startswith("time/") and not k.endswith("_per_s")}
 
-    assert (
-        untimed(a.record.as_metrics()) == untimed(b.record.as_metrics())
-        and "perf/rollout_tokens" in a.record.perf
-    )
+    assert untimed(a.record.as_metrics()) == untimed(b.record.as_metrics())
+    perf_a, perf_b = a.record.perf, b.record.perf
+    assert perf_a is not None and perf_b is not None and perf_a.tokens == perf_b.tokens > 0
 
 
 def test_rollout_metrics_and_jsonl_cover_every_round(tmp_path: Path) -> None:

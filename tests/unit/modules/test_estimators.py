@@ -114,7 +114,13 @@ def test_kl_in_reward_fixed_coefficient() -> None:
     assert torch.allclose(shaped.token_rewards[0, RESPONSE], torch.tensor([0.0, 0.0, 0.0, 1.5]) + penalty)
     assert torch.allclose(shaped.turn_rewards[0, RESPONSE], torch.tensor([0.0, 0.5, 0.0, 1.0]) + penalty)
     assert torch.allclose(shaped.returns, torch.tensor([1.5 + 0.02]))
-    assert stats["kl_reward/coef"] == 0.1 and abs(stats["kl_reward/kl"] - (-0.05)) < 1e-7  # (0.2+0−0.5+0.1)/4
+    assert stats.coef == 0.1 and abs(stats.kl - (-0.05)) < 1e-7  # (0.2+0−0.5+0.1)/4
+    assert abs(stats.penalty - 0.02) < 1e-7  # the row's return rose by −Σ β·k1 = 0.02
+    assert list(stats.as_metrics()) == [
+        "train/kl_reward/kl",
+        "train/kl_reward/coef",
+        "train/kl_reward/penalty",
+    ]
     assert torch.equal(batch.returns, torch.tensor([1.5]))  # the input batch is untouched
 
 
@@ -123,7 +129,7 @@ def test_kl_in_reward_adaptive_controller_moves_beta() -> None:
     term = KLInReward(AdaptiveKLController(0.1, target_kl=0.1, horizon=10), kind="k1")
     _, stats = term(_batch(), old, ref)
     # KL −0.05 vs target 0.1: error clip(−0.5 − 1, ±0.2) = −0.2; β = 0.1·(1 − 0.2·1/10) = 0.098
-    assert stats["kl_reward/coef"] == 0.1
+    assert stats.coef == 0.1
     assert abs(term.controller.value - 0.098) < 1e-12
     with pytest.raises(ValueError, match="algo.kl_reward.kind"):
         KLInReward(FixedKLController(0.1), kind="k9")
