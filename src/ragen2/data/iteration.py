@@ -105,7 +105,7 @@ def collect_iteration(
     record = IterationRecord(
         rollout=RolloutStats.of(sampled),
         groups=GroupStats.of(everyone),
-        shaping={} if plan.shaping is None else plan.shaping.metrics(sampled),
+        shaping=None if plan.shaping is None else plan.shaping.stats(sampled),
         filter=stats,
         dynamic=rounds.dynamic,
         perf=phase_perf(tokens, rollout_s, device, ranks),

@@ -1,8 +1,9 @@
 """Typed records of what rollouts did: ``RolloutStats`` over a list of episodes, ``GroupStats`` over their
 groups, ``DynamicStats`` over DAPO's rounds, and ``IterationRecord``, an iteration's all of them with the
-filter's statistics and the rollout's time (``RolloutBatch.record``). Code reads their fields; ``as_metrics`` is
-where their logged keys are made (``rollout/*`` and ``filter/*`` in training, ``greedy/*`` and ``sampled/*`` in
-evaluation).
+overlong shaping's (``OverlongStats``), the filter's statistics and the rollout's time and tokens (``PhasePerf``)
+(``RolloutBatch.record``). Code reads their fields; ``as_metrics`` is where their logged keys are made
+(``rollout/*`` and ``filter/*`` in training, ``greedy/*`` and ``sampled/*`` in evaluation). The filter's
+statistics stay a mapping: a user's filter names its own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ragen2.agent.episode import ENV_ERROR, Episode
+from ragen2.data.shaping import OverlongStats
 from ragen2.perf import PhasePerf
 
 
@@ -179,7 +181,7 @@ class IterationRecord:
 
     rollout: RolloutStats | None = None  # every rank's sampled episodes
     groups: GroupStats | None = None
-    shaping: Mapping[str, float] = field(default_factory=dict)  # ``OverlongShaping.metrics``
+    shaping: OverlongStats | None = None  # ``OverlongShaping.stats`` (None without the shaping)
     # the filter's statistics (a user's filter names its own)
     filter: Mapping[str, float] = field(default_factory=dict)
     dynamic: DynamicStats | None = None
@@ -194,7 +196,7 @@ class IterationRecord:
         """rollout/*, filter/*, time/rollout and perf/rollout_*."""
         out = {} if self.rollout is None else self.rollout.as_metrics("rollout/")
         out.update({} if self.groups is None else self.groups.as_metrics("rollout/"))
-        out.update({f"rollout/{k}": v for k, v in self.shaping.items()})
+        out.update({} if self.shaping is None else self.shaping.as_metrics())
         out.update({f"filter/{k}": v for k, v in self.filter.items()})
         out.update({} if self.dynamic is None else self.dynamic.as_metrics())
         return out | ({} if self.perf is None else self.perf.as_metrics("rollout"))

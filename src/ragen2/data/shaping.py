@@ -33,6 +33,18 @@ __all__ = ["OverlongShaping"]
 
 
 @dataclass(frozen=True)
+class OverlongStats:
+    """What the overlong shaping did to one iteration's turns (shares of all turns): ``rollout/overlong_*``."""
+
+    penalty_mean: float  # the mean penalty a turn got
+    turns: float  # turns penalised
+    filtered_turns: float  # truncated turns removed from the loss
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"rollout/overlong_{k}": v for k, v in vars(self).items()}
+
+
+@dataclass(frozen=True)
 class OverlongShaping:
     """Soft overlong punishment on each turn's length, and overlong filtering of truncated turns.
 
@@ -111,13 +123,13 @@ class OverlongShaping:
             for ep, pens in zip(episodes, self.turn_penalties(episodes), strict=True)
         ]
 
-    def metrics(self, episodes: Sequence[Episode]) -> dict[str, float]:
-        """Fractions over all turns: mean penalty, penalised turns, turns removed from the loss."""
+    def stats(self, episodes: Sequence[Episode]) -> OverlongStats:
+        """Over all turns: the mean penalty, the share penalised, the share removed from the loss."""
         pens = [p for ep_pens in self.turn_penalties(episodes) for p in ep_pens]
         turns = [t for ep in episodes for t in ep.turns]
         n = max(1, len(turns))
-        return {
-            "overlong_penalty_mean": sum(pens) / n,
-            "overlong_turns": sum(p < 0 for p in pens) / n,
-            "overlong_filtered_turns": sum(self._filtered(t) for t in turns) / n,
-        }
+        return OverlongStats(
+            penalty_mean=sum(pens) / n,
+            turns=sum(p < 0 for p in pens) / n,
+            filtered_turns=sum(self._filtered(t) for t in turns) / n,
+        )

@@ -114,14 +114,14 @@ def test_filtering_clears_truncated_turns_and_moves_their_reward_back() -> None:
 
 def test_shaping_metrics_are_fractions_of_turns() -> None:
     # 5 turns, penalties 0, −0.5, −1, −1, −1: mean −0.7, 4 penalised; 2 truncated (A's turn 3 and C)
-    m = OverlongShaping(cache_len=4, max_len=8).metrics(_episodes())
-    assert m == pytest.approx(
-        {"overlong_penalty_mean": -0.7, "overlong_turns": 0.8, "overlong_filtered_turns": 0.4}
-    )
-    assert (
-        OverlongShaping(cache_len=4, max_len=8, filter=False).metrics(_episodes())["overlong_filtered_turns"]
-        == 0
-    )
+    m = OverlongShaping(cache_len=4, max_len=8).stats(_episodes())
+    assert (m.penalty_mean, m.turns, m.filtered_turns) == pytest.approx((-0.7, 0.8, 0.4))
+    assert m.as_metrics() == {
+        "rollout/overlong_penalty_mean": m.penalty_mean,
+        "rollout/overlong_turns": 0.8,
+        "rollout/overlong_filtered_turns": 0.4,
+    }
+    assert OverlongShaping(cache_len=4, max_len=8, filter=False).stats(_episodes()).filtered_turns == 0
 
 
 def test_shaping_validates_its_knobs() -> None:
