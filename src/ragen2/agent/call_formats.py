@@ -4,18 +4,26 @@ A tool turn is the reasoning, ``</think>``, then only calls, in the format the m
 
 - ``hermes``: ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` blocks (Qwen2.5, Qwen3, Hermes);
 - ``llama3_json``: JSON objects ``{"name": …, "parameters": {…}}``, after an optional ``<|python_tag|>``,
-  separated by ``;`` (Llama 3.1, 3.2 and 3.3's custom tools, as vLLM's ``llama3_json`` parser reads them);
+  separated by ``;`` (Llama 3.1, 3.2 and 3.3's custom tools, as vLLM's ``llama3_json`` parser reads them); after
+  ``<|python_tag|>``, Llama 3.1's built-in tools too: ``brave_search.call(query="…")`` is a call of the tool
+  ``brave_search`` (``wolfram_alpha`` alike), and any other code is a call of ``code_interpreter`` with that
+  ``code``;
+- ``pythonic``: a Python list of calls with keyword arguments, ``[f(a=1, b="x"), g()]``, optionally between
+  ``<|python_start|>`` and ``<|python_end|>`` (Llama 3.2's and Llama 4's pythonic templates, Gemma 3's and
+  the Berkeley function-calling format: vLLM's ``pythonic`` parser);
 - ``mistral``: ``[TOOL_CALLS]`` then a JSON list of ``{"name": …, "arguments": {…}}`` (tokenizers v3 to v7),
   or ``[TOOL_CALLS]name[ARGS]{…}`` once per call (v11 and later).
 
 Each format splits a turn's calls into one JSON text per call, ``{"name": …, "arguments": …}`` (Llama's
-``parameters`` is read as ``arguments``); a call that is not JSON stays its own text, and
+``parameters`` is read as ``arguments``; a Python call's keyword arguments, literals only); a call that is not
+JSON (or not such a Python call) stays its own text, and
 ``ragen2.agent.tools.parse_call`` answers it with an error message and a format penalty, as any bad call.
 ``auto`` reads the format off the chat template (or, for a tokenizer without one, its special tokens).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -28,6 +36,8 @@ from ragen2.errors import ConfigError
 AUTO = "auto"
 PYTHON_TAG = "<|python_tag|>"
 EOM = "<|eom_id|>"  # Llama's end of a tool-calling message, when it is not the tokenizer's eos
+PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"  # Llama 4's code span
+CODE_INTERPRETER = "code_interpreter"  # Llama 3.1's built-in tool for the code after <|python_tag|>
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -57,11 +67,61 @@ def _json_objects(text: str, separator: str) -> list[str]:
     return bodies
 
 
-def _llama3_json(calls: str) -> list[str] | None:
-    calls = calls.removeprefix(PYTHON_TAG).removesuffix(EOM).strip()
-    if not calls.startswith("{"):
+def _python_call(node: ast.expr, source: str) -> str:
+    """A Python call ``f(a=1)`` (or a built-in tool's ``f.call(a=1)``) with literal keyword arguments as a JSON
+    call; anything else as its source text, for its call to fail as not JSON, or as arguments that are not an
+    object (positional or computed arguments)."""
+    func = node.func if isinstance(node, ast.Call) else None
+    if isinstance(func, ast.Attribute) and func.attr == "call":  # Llama 3.1's brave_search.call(query=…)
+        func = func.value
+    if not isinstance(node, ast.Call) or not isinstance(func, ast.Name):
+        return ast.get_source_segment(source, node) or source
+    try:
+        if node.args or any(k.arg is None for k in node.keywords):
+            raise ValueError("positional arguments")
+        return json.dumps(
+            {"name": func.id, "arguments": {k.arg: ast.literal_eval(k.value) for k in node.keywords}}
+        )
+    # positional, computed or not JSON (a set, bytes): the policy is told to write the arguments as an object
+    except (ValueError, TypeError, RecursionError, MemoryError):
+        return json.dumps({"name": func.id, "arguments": ast.get_source_segment(source, node) or source})
+
+
+def _python_calls(text: str) -> list[str] | None:
+    """Each call of a Python list of calls, or of a single call, as ``_python_call`` writes it; None when
+    ``text`` is not a Python expression of that shape."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: a null byte
         return None
-    return _json_objects(calls, ";")
+    if isinstance(tree, ast.List):
+        return [_python_call(node, text) for node in tree.elts]
+    return [_python_call(tree, text)] if isinstance(tree, ast.Call) else None
+
+
+def _llama3_json(calls: str) -> list[str] | None:
+    tagged = calls.startswith(PYTHON_TAG)
+    calls = calls.removeprefix(PYTHON_TAG).removesuffix(EOM).strip()
+    if calls.startswith("{"):
+        return _json_objects(calls, ";")
+    if not tagged:
+        return None
+    # Llama 3.1's built-in tools: brave_search.call(query="…"); any other code is the code interpreter's
+    try:
+        tree: ast.expr | None = ast.parse(calls, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = None
+    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Attribute) and tree.func.attr == "call":
+        return [_python_call(tree, calls)]
+    return [json.dumps({"name": CODE_INTERPRETER, "arguments": {"code": calls}})]
+
+
+def _pythonic(calls: str) -> list[str] | None:
+    calls = calls.removeprefix(PYTHON_START).removesuffix(PYTHON_END).strip()
+    if not calls.startswith("["):
+        return None
+    bodies = _python_calls(calls)
+    return [calls] if bodies is None else bodies  # not Python: one call that fails as not JSON
 
 
 def _mistral(calls: str) -> list[str] | None:
@@ -106,9 +166,14 @@ class CallFormat:
 
 
 HERMES = CallFormat("hermes", "<tool_call>", _hermes)
-LLAMA3_JSON = CallFormat("llama3_json", PYTHON_TAG, _llama3_json)
+# Meta's Llama 3.1–3.3 templates teach the JSON calls in this sentence (3.2's never names <|python_tag|>)
+LLAMA3_JSON = CallFormat(
+    "llama3_json", '"parameters": dictionary of argument name and its value', _llama3_json
+)
 MISTRAL = CallFormat("mistral", TOOL_CALLS, _mistral)
-FORMATS: Mapping[str, CallFormat] = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL)}
+# the pythonic templates' instruction: "Respond in the format [func_name1(params_name1=params_value1, …)]"
+PYTHONIC = CallFormat("pythonic", "[func_name1(", _pythonic)
+FORMATS: Mapping[str, CallFormat] = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, PYTHONIC)}
 
 
 def check_format_name(name: str) -> None:

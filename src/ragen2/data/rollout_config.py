@@ -44,8 +44,8 @@ class EnvConfig:
     ``module:function`` or ``mcp:<command>`` (a local MCP server's tools). Tool calls and results are its turns; ``<answer>`` still acts on the env (docs/tools.md)."""
     tool_format: str = "auto"
     """The function-call format the policy writes its calls in: ``hermes`` (``<tool_call>`` JSON: Qwen, Hermes),
-    ``llama3_json`` (Llama 3.x's JSON), ``mistral`` (``[TOOL_CALLS]``); ``auto`` reads it off the chat
-    template."""
+    ``llama3_json`` (Llama 3.x's JSON, and 3.1's built-in tools), ``mistral`` (``[TOOL_CALLS]``), ``pythonic``
+    (``[f(a=1)]``: Llama 3.2's and 4's pythonic templates, Gemma 3); ``auto`` reads it off the chat template."""
 
     def __post_init__(self) -> None:
         try:
