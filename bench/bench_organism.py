@@ -5,9 +5,12 @@ logging, checkpoints, callbacks). The goal (docs/organism.md): 1,000 iterations 
 The run is the program itself, in a subprocess pinned to one core (``taskset``) with every thread pool at one
 thread, so start-up (imports, the model's load) is in the wall time. Iteration times come from the run's own
 ``time/*`` columns and the timestamps of its ``train.log`` lines. Prints a table and writes
-``bench/results/organism_speed.json``.
+``bench/results/organism_speed.json``. With ``--baseline REF`` the code of that commit (a git worktree) runs at
+the same time on the next core, both loaded alike, and the two splits and their ratios go to
+``bench/results/organism_speed_side_by_side.json``: the machine's speed drifts from hour to hour, so a change
+is measured against its baseline in one run, not against an older file.
 
-    python bench/bench_organism.py [--iterations 1000] [extra Hydra overrides …]
+    python bench/bench_organism.py [--iterations 1000] [--baseline REF] [extra Hydra overrides …]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from provenance import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results" / "organism_speed.json"
+SIDE_BY_SIDE = RESULTS.with_name("organism_speed_side_by_side.json")
 GOAL_S = 180.0
 _LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[ragen2\]\[INFO\] - iteration (\d+):")
 ONE_THREAD = {
@@ -60,66 +64,132 @@ def column_sums(metrics_csv: Path, keys: tuple[str, ...]) -> dict[str, tuple[flo
     return sums
 
 
+class Run:
+    """One ``ragen2-train`` run of the organism, started in a subprocess pinned to ``core``; ``source``: the
+    ``src`` and ``envs`` folders of a checkout whose code runs instead of the installed one."""
+
+    def __init__(self, iterations: int, core: int, overrides: list[str], source: Path | None = None) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="bench_organism_"))
+        train = shutil.which("ragen2-train") or str(Path(sys.executable).parent / "ragen2-train")
+        command = [train, "experiment=organism", f"iterations={iterations}", f"hydra.run.dir={self.folder}"]
+        self.command = [*command, *overrides]
+        if shutil.which("taskset"):
+            self.command = ["taskset", "-c", str(core), *self.command]
+        env = {**os.environ, **ONE_THREAD}
+        if source is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(source / "src"), str(source / "envs")])
+        self.start = time.time()
+        self.process = subprocess.Popen(
+            self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def result(self) -> dict:
+        """Wait for the run; its wall time, start-up and each iteration's split."""
+        _, stderr = self.process.communicate()
+        wall = time.time() - self.start
+        if self.process.returncode != 0:
+            sys.exit(f"ragen2-train failed ({self.process.returncode}):\n{stderr[-3000:]}")
+        times = iteration_times(self.folder / "train.log")
+        first, last = min(times), max(times)
+        sums = column_sums(
+            self.folder / "csv" / "metrics.csv", ("time/rollout", "time/update", "time/diagnostics")
+        )
+        n = last - first  # iterations between the first and the last summary line
+        loop = times[last] - times[first]
+        per_ms = {k.split("/")[1]: 1000 * sums[k][0] / len(times) for k in sums}  # every iteration's share
+        per_ms["iteration"] = 1000 * loop / n
+        per_ms["other"] = per_ms["iteration"] - sum(per_ms[k] for k in ("rollout", "update", "diagnostics"))
+        return {
+            "command_run": " ".join(self.command),
+            "iterations": len(times),
+            "wall_s": round(wall, 1),
+            "start_up_s": round(times[first] - self.start, 1),
+            "loop_s": round(loop, 1),
+            "mi_passes": sums["time/diagnostics"][1],
+            "per_iteration_ms": {k: round(v, 2) for k, v in per_ms.items()},
+            "projected_1000_s": round(times[first] - self.start + 1000 * loop / n, 1),
+        }
+
+    def clean(self, keep: bool) -> None:
+        if keep:
+            print(f"run folder: {self.folder}")
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def table(runs: dict[str, dict]) -> None:
+    names = list(runs)
+    print("| per iteration (ms) | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else ""))
+    print("|---" * (len(names) + 1 + (len(names) == 2)) + "|")
+    for k in runs[names[0]]["per_iteration_ms"]:
+        values = [runs[n]["per_iteration_ms"][k] for n in names]
+        ratio = f" | {values[1] / values[0]:.3f}" if len(values) == 2 and values[0] else ""
+        print(f"| {k} | " + " | ".join(f"{v:.1f}" for v in values) + ratio + (" |" if ratio else ""))
+
+
+def git_worktree(ref: str) -> tuple[Path, str]:
+    """A detached checkout of ``ref`` beside the repository's history, and its commit."""
+    root = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "rev-parse", ref], cwd=root, capture_output=True, text=True, check=True)
+    where = Path(tempfile.mkdtemp(prefix="bench_organism_baseline_"))
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(where), ref], cwd=root, capture_output=True, check=True
+    )
+    return where, commit.stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--core", type=int, default=0, help="the core the run is pinned to")
-    parser.add_argument("--keep", action="store_true", help="keep the run folder (printed)")
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also run the code of this git commit at the same time on the next core (both loaded alike), and "
+        "write the two side by side with their ratios (organism_speed_side_by_side.json)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
     record = provenance()
-    folder = Path(tempfile.mkdtemp(prefix="bench_organism_"))
-    overrides = [
-        "experiment=organism",
-        f"iterations={args.iterations}",
-        f"hydra.run.dir={folder}",
-        *args.overrides,
-    ]
-    train = shutil.which("ragen2-train") or str(Path(sys.executable).parent / "ragen2-train")
-    command = [train, *overrides]
-    if shutil.which("taskset"):
-        command = ["taskset", "-c", str(args.core), *command]
-    start = time.time()
-    done = subprocess.run(command, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True)
-    wall = time.time() - start
-    if done.returncode != 0:
-        sys.exit(f"ragen2-train failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    times = iteration_times(folder / "train.log")
-    first, last = min(times), max(times)
-    sums = column_sums(folder / "csv" / "metrics.csv", ("time/rollout", "time/update", "time/diagnostics"))
-    n = last - first  # iterations between the first and the last summary line
-    loop = times[last] - times[first]
-    per = {k.split("/")[1]: sums[k][0] / len(times) for k in sums}  # every iteration's share, passes spread
-    per_ms = {k: 1000 * v for k, v in per.items()}
-    per_ms["iteration"] = 1000 * loop / n
-    per_ms["other"] = per_ms["iteration"] - sum(per_ms[k] for k in ("rollout", "update", "diagnostics"))
-    result = {
-        **record,
-        "command_run": " ".join(command),
-        "threads": ONE_THREAD,
-        "iterations": len(times),
-        "wall_s": round(wall, 1),
-        "start_up_s": round(times[first] - start, 1),
-        "loop_s": round(loop, 1),
-        "mi_passes": sums["time/diagnostics"][1],
-        "per_iteration_ms": {k: round(v, 2) for k, v in per_ms.items()},
-        "goal_s": GOAL_S,
-        "projected_1000_s": round(times[first] - start + 1000 * loop / n, 1),
-    }
-    result["met"] = result["projected_1000_s"] <= GOAL_S if len(times) < 1000 else wall <= GOAL_S
-    print(f"{len(times)} iterations in {wall:.1f} s (start-up {result['start_up_s']} s, loop {loop:.1f} s)")
-    print("| per iteration | ms |\n|---|---|")
-    for k, v in result["per_iteration_ms"].items():
-        print(f"| {k} | {v:.1f} |")
+    if args.baseline:
+        where, commit = git_worktree(args.baseline)
+        try:
+            runs = {
+                "baseline": Run(args.iterations, args.core + 1, args.overrides, where),
+                "current": Run(args.iterations, args.core, args.overrides),
+            }
+            results = {name: run.result() for name, run in runs.items()}
+        finally:
+            root = Path(__file__).resolve().parents[1]
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(where)], cwd=root, capture_output=True
+            )
+        for run in runs.values():
+            run.clean(args.keep)
+        table(results)
+        out = {**record, "threads": ONE_THREAD, "baseline_commit": commit, **results}
+        out["ratio_current_over_baseline"] = {
+            k: round(
+                results["current"]["per_iteration_ms"][k] / results["baseline"]["per_iteration_ms"][k], 3
+            )
+            for k in results["current"]["per_iteration_ms"]
+            if results["baseline"]["per_iteration_ms"][k]
+        }
+        SIDE_BY_SIDE.write_text(json.dumps(out, indent=2) + "\n")
+        return
+    run = Run(args.iterations, args.core, args.overrides)
+    result = {**record, "threads": ONE_THREAD, **run.result(), "goal_s": GOAL_S}
+    run.clean(args.keep)
+    wall, n = result["wall_s"], result["iterations"]
+    result["met"] = result["projected_1000_s"] <= GOAL_S if n < 1000 else wall <= GOAL_S
+    print(f"{n} iterations in {wall:.1f} s (start-up {result['start_up_s']} s, loop {result['loop_s']} s)")
+    table({"ms": result})
     print(
         f"1,000 iterations: {result['projected_1000_s']} s (goal ≤ {GOAL_S:.0f} s): {'met' if result['met'] else 'not met'}"
     )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    if args.keep:
-        print(f"run folder: {folder}")
-    else:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
