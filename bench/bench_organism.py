@@ -78,17 +78,26 @@ class Run:
         env = {**os.environ, **ONE_THREAD}
         if source is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(source / "src"), str(source / "envs")])
+        self.output = self.folder / "bench_output.txt"  # a file, not a pipe: a run never waits on a reader
         self.start = time.time()
-        self.process = subprocess.Popen(
-            self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        with self.output.open("w") as out:
+            self.process = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.end: float | None = None
+
+    def poll(self) -> bool:
+        """Whether the run has ended (its end time noted the first time it is seen)."""
+        if self.end is None and self.process.poll() is not None:
+            self.end = time.time()
+        return self.end is not None
 
     def result(self) -> dict:
         """Wait for the run; its wall time, start-up and each iteration's split."""
-        _, stderr = self.process.communicate()
-        wall = time.time() - self.start
+        while not self.poll():
+            time.sleep(0.1)
+        assert self.end is not None
+        wall = self.end - self.start
         if self.process.returncode != 0:
-            sys.exit(f"ragen2-train failed ({self.process.returncode}):\n{stderr[-3000:]}")
+            sys.exit(f"ragen2-train failed ({self.process.returncode}):\n{self.output.read_text()[-3000:]}")
         times = iteration_times(self.folder / "train.log")
         first, last = min(times), max(times)
         sums = column_sums(
@@ -159,6 +168,8 @@ def main() -> None:
                 "baseline": Run(args.iterations, args.core + 1, args.overrides, where),
                 "current": Run(args.iterations, args.core, args.overrides),
             }
+            while not all([run.poll() for run in runs.values()]):  # each run's end noted as it comes
+                time.sleep(0.1)
             results = {name: run.result() for name, run in runs.items()}
         finally:
             root = Path(__file__).resolve().parents[1]
