@@ -727,8 +727,22 @@ def test_the_run_checks_refuse_on_the_command_line_before_hydra_writes_anything(
         ("eval", ["num_seeds=many"], "num_seeds='many'"),
         ("diagnose", ["samples=0"], "samples=0 must be ≥ 1 sample per instance"),
         ("warmstart", ["sft.steps=0"], "sft.steps=0"),
+        # the nodes the program builds (the env, the rollout, the model, the device), checked as it builds them
+        ("eval", ["env.max_turns=0"], "env.max_turns=0 must be ≥ 1. Fix: env.max_turns=1 or more"),
+        ("eval", ["rollout.max_new_tokens=0"], "rollout.max_new_tokens=0"),
+        ("diagnose", ["env.max_turns=0"], "env.max_turns=0 must be ≥ 1. Fix: env.max_turns=1 or more"),
+        ("diagnose", ["+model.revision=main"], "model.revision="),
     ],
-    ids=["eval", "eval-type", "diagnose", "warmstart"],
+    ids=[
+        "eval",
+        "eval-type",
+        "diagnose",
+        "warmstart",
+        "eval-env",
+        "eval-rollout",
+        "diagnose-env",
+        "diagnose-model",
+    ],
 )
 def test_every_program_checks_its_settings_before_hydra_makes_the_run_folder(
     program: str, overrides: list[str], said: str, tmp_path: Path

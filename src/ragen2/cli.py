@@ -100,6 +100,14 @@ def task_overrides() -> list[str]:
 ADDED: list[str] = []
 
 
+def job_overrides() -> list[str]:
+    """``task_overrides`` in a Hydra job or its settings check (``ragen2.config.SettingsCheck``); none for a
+    config composed in Python."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return task_overrides() if HydraConfig.initialized() else []
+
+
 def checkpoint_env(args: Sequence[str], config_name: str) -> str | None:
     """``env=<option>`` for the env a ``checkpoint=`` argument's run trained on, for a program that takes one
     (eval, diagnose) and a command line that chooses no env: the program composes that env's config, so

@@ -11,14 +11,15 @@ The programs' front door is ``ragen2.cli``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +36,11 @@ from ragen2.settings import (
     shown,
     unknown_key,
 )
+
+if TYPE_CHECKING:
+    from ragen2.data.rollout_config import EnvConfig, RolloutConfig
+    from ragen2.models.loading import ModelConfig
+    from ragen2.models.placement import Placement
 
 # ${ragen2.tokens:a,b}: a token count as the floored product (Dr.GRPO's constant = tokens per turn × turns,
 # DAPO's overlong buffer = a fraction of the per-turn limit)
@@ -276,6 +282,51 @@ def check_seed_and_cap(cfg: DictConfig) -> None:
         )
 
 
+@contextlib.contextmanager
+def _naming_its_key() -> Iterator[None]:
+    """A constructor's ValueError (a check that names its key: ``env.max_turns=0 …``) as a ``ConfigError``,
+    one line, as ``build`` passes it on."""
+    try:
+        yield
+    except ValueError as err:
+        raise (err if isinstance(err, ConfigError) else ConfigError(str(err))) from None
+
+
+@dataclass(frozen=True)
+class Played:
+    """What ``ragen2-eval`` and ``ragen2-diagnose`` run (``played``): the program's config with a checkpoint's
+    saved settings under the command line's, and the nodes built from it."""
+
+    cfg: DictConfig
+    model: ModelConfig
+    place: Placement
+    env: EnvConfig | None = None  # None where the program does not sample (a rollouts file is diagnosed)
+    rollout: RolloutConfig | None = None
+
+
+def played(cfg: DictConfig, overrides: Sequence[str], samples: bool = True) -> Played:
+    """``cfg`` with ``checkpoint``'s saved env, rollout and model settings under ``overrides`` (the command
+    line's; the file read mapped, no weight read) and its nodes built: the model, the device and, if the
+    program ``samples``, the env and the rollout. A value that cannot work is refused here, in the program's
+    settings check, before a model loads or Hydra makes the run folder."""
+    from ragen2.data.rollout_config import EnvConfig, RolloutConfig
+    from ragen2.models.checkpoint import read_checkpoint, saved_settings
+    from ragen2.models.loading import ModelConfig
+    from ragen2.models.placement import Placement
+
+    if cfg.checkpoint:
+        state = read_checkpoint(cfg.checkpoint, key="checkpoint", finite=False)
+        cfg = with_saved_settings(cfg, saved_settings(state, str(cfg.checkpoint)), overrides)
+    with _naming_its_key():
+        model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
+        place = settings(Placement, OmegaConf.to_container(cfg.trainer, resolve=True), "trainer")
+        if not samples:
+            return Played(cfg, model, place)
+        env = settings(EnvConfig, OmegaConf.to_container(cfg.env, resolve=True), "env")
+        rollout = settings(RolloutConfig, build(cfg.rollout, _convert_="all"), "rollout")
+    return Played(cfg, model, place, env, rollout)
+
+
 def _check_built_nodes(cfg: DictConfig) -> dict[str, Any]:
     """``env`` (its options against what the env declares), ``model`` (a source that loads here) and ``val``
     (its ranges) as the objects their consumers build, before Lightning starts and before Hydra makes the run
@@ -286,12 +337,8 @@ def _check_built_nodes(cfg: DictConfig) -> dict[str, Any]:
     nodes = {"env": EnvConfig, "model": ModelConfig, "val": ValConfig}
     built = {}
     for key, cls in nodes.items():
-        try:
+        with _naming_its_key():
             built[key] = settings(cls, OmegaConf.to_container(cfg[key], resolve=True), key)
-        except ConfigError:
-            raise
-        except ValueError as err:  # a check that names its key (env.max_turns=0 …), as build() passes it on
-            raise ConfigError(str(err)) from None
     return built
 
 

@@ -26,20 +26,24 @@ from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
-from ragen2.cli import hydra_program, task_overrides  # noqa: E402
-from ragen2.config import check_top_level  # noqa: E402
+from ragen2.cli import hydra_program, job_overrides, task_overrides  # noqa: E402
+from ragen2.config import Played, check_top_level, played  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.lifecycle.folder import claim  # noqa: E402
 from ragen2.log import log  # noqa: E402
 from ragen2.outputs import Output, check_output, check_outside  # noqa: E402
-from ragen2.settings import check_type, settings  # noqa: E402
+from ragen2.settings import check_type  # noqa: E402
 
 
-def check(cfg: DictConfig) -> tuple[Any, str | None, int | None]:
+def check(
+    cfg: DictConfig, overrides: Sequence[str] | None = None
+) -> tuple[Any, str | None, int | None, Played]:
     """Refuse settings that cannot work before anything loads; returns the quadrant's splits, the rollouts'
-    format (None when sampling) and the step (a ragen2 run's iteration) to report on (None: the last)."""
+    format (None when sampling), the step (a ragen2 run's iteration) to report on (None: the last) and what
+    is played (``played``: the model and, when sampling, the env and rollout, with a checkpoint's settings
+    under ``overrides``, the command line's; None: the running Hydra job's)."""
     check_top_level(cfg, "diagnose")
     from ragen2.diagnostics.readers import FORMATS, detect
     from ragen2.diagnostics.report import CURVE_FILES, REPORT_FILES, Splits
@@ -77,12 +81,14 @@ def check(cfg: DictConfig) -> tuple[Any, str | None, int | None]:
     report = Output.report("output", Path(str(cfg.output)), (*REPORT_FILES, *CURVE_FILES))
     check_outside("output", report.path, "folder", {"model.name_or_path": str(cfg.model.name_or_path)})
     check_output(report, {"rollouts": cfg.rollouts, "checkpoint": cfg.checkpoint}, cfg.overwrite)
-    if cfg.rollouts is None:
-        return quadrant, None, None
-    fmt = detect(cfg.rollouts) if cfg.format == "auto" else str(cfg.format)
-    if fmt != "ragen2":  # read as it streams, later: a bad row is refused before anything is written
-        return quadrant, fmt, cfg.iteration
-    return quadrant, fmt, _chosen(str(cfg.rollouts), cfg.iteration)
+    fmt, iteration = None, None
+    if cfg.rollouts is not None:
+        fmt = detect(cfg.rollouts) if cfg.format == "auto" else str(cfg.format)
+        # a ragen2 file is read whole now; another format as it streams, later (a bad row is refused before
+        # anything is written)
+        iteration = _chosen(str(cfg.rollouts), cfg.iteration) if fmt == "ragen2" else cfg.iteration
+    play = played(cfg, job_overrides() if overrides is None else overrides, samples=cfg.rollouts is None)
+    return quadrant, fmt, iteration, play
 
 
 def _chosen(path: str, iteration: int | None) -> int | None:
@@ -106,36 +112,25 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> Any:
     """Diagnose with a composed diagnose config; returns the ``Diagnosis`` (its report is written)."""
     from ragen2.models.checkpoint import read_checkpoint
 
-    splits, fmt, iteration = check(cfg)
+    splits, fmt, iteration, play = check(cfg, overrides)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     report = Path(str(cfg.output)).expanduser()
     with claim(report.parent, "ragen2-diagnose", cfg):  # one program in the folder at a time; then the record
-        return _diagnose(cfg, splits, fmt, iteration, state, overrides)
+        return _diagnose(play, splits, fmt, iteration, state)
 
 
 def _diagnose(
-    cfg: DictConfig,
-    splits: Any,
-    fmt: str | None,
-    iteration: int | None,
-    state: dict[str, Any] | None,
-    overrides: Sequence[str],
+    play: Played, splits: Any, fmt: str | None, iteration: int | None, state: dict[str, Any] | None
 ) -> Any:
     import time
 
-    from ragen2.config import build, with_saved_settings
     from ragen2.data.evaluation import heldout_seeds
-    from ragen2.data.rollout_config import EnvConfig, RolloutConfig
     from ragen2.diagnostics.report import diagnose, rows_from_episodes, write_report
-    from ragen2.models.checkpoint import load_policy, saved_settings
-    from ragen2.models.loading import ModelConfig, load_tokenizer
-    from ragen2.models.placement import Placement
+    from ragen2.models.checkpoint import load_policy
+    from ragen2.models.loading import load_tokenizer
     from ragen2.rollout.first_turn import sample_first_turns
 
-    if state is not None:
-        cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
-    model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
-    place = settings(Placement, OmegaConf.to_container(cfg.trainer, resolve=True), "trainer")
+    cfg, model, place = play.cfg, play.model, play.place
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     tokenizer = load_tokenizer(model.name_or_path)
@@ -151,8 +146,8 @@ def _diagnose(
             diag = _score_steps(cfg, policy, tokenizer, fmt, iteration, splits, seconds)
         seconds["read"] = time.perf_counter() - start - seconds["cross-scoring"]
     else:
-        env = settings(EnvConfig, OmegaConf.to_container(cfg.env, resolve=True), "env")
-        rollout = settings(RolloutConfig, build(cfg.rollout, _convert_="all"), "rollout")
+        env, rollout = play.env, play.rollout
+        assert env is not None and rollout is not None, "sampling: played() built the env and rollout"
         sampler = rollout.sampler(tokenizer)
         sampler.sync_weights(policy)
         seeds = heldout_seeds(cfg.seed, cfg.num_seeds)

@@ -28,17 +28,19 @@ from typing import Any, cast  # noqa: E402
 
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
-from ragen2.cli import hydra_program, task_overrides  # noqa: E402
-from ragen2.config import check_top_level  # noqa: E402
+from ragen2.cli import hydra_program, job_overrides, task_overrides  # noqa: E402
+from ragen2.config import Played, check_top_level, played  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.lifecycle.folder import claim  # noqa: E402
 from ragen2.log import log  # noqa: E402
 from ragen2.outputs import Output, check_output, check_outside, write_atomic  # noqa: E402
-from ragen2.settings import check_type, settings  # noqa: E402
+from ragen2.settings import check_type  # noqa: E402
 
 
-def check(cfg: DictConfig) -> Path:
-    """Refuse settings that cannot work before anything loads; returns where the results go."""
+def check(cfg: DictConfig, overrides: Sequence[str] | None = None) -> tuple[Path, Played]:
+    """Refuse settings that cannot work before anything loads; returns where the results go and what is
+    played (``played``: the env, rollout and model settings with a checkpoint's under ``overrides``, the
+    command line's; None: the running Hydra job's)."""
     check_top_level(cfg, "eval")
     check_type("seed", cfg.seed, int, 0)
     check_type("num_seeds", cfg.num_seeds, int, 16)
@@ -68,7 +70,7 @@ def check(cfg: DictConfig) -> Path:
         raise ConfigError(f"output={out} is a folder. Fix: output={out / 'eval.json'}")
     check_outside("output", out, "file", {"model.name_or_path": str(cfg.model.name_or_path)})
     check_output(Output.file("output", out, records_path(out)), {"checkpoint": cfg.checkpoint}, cfg.overwrite)
-    return out
+    return out, played(cfg, job_overrides() if overrides is None else overrides)
 
 
 def records_path(out: Path) -> Path:
@@ -80,28 +82,19 @@ def run(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, float]:
     """Evaluate with a composed eval config; ``overrides`` are the command line's (they beat saved settings)."""
     from ragen2.models.checkpoint import read_checkpoint
 
-    out = check(cfg)
+    out, play = check(cfg, overrides)
     state = read_checkpoint(cfg.checkpoint) if cfg.checkpoint else None  # a bad file fails before the imports
     with claim(out.parent, "ragen2-eval", cfg):  # one program in the folder at a time; then Hydra's record
-        return _evaluate(cfg, out, state, overrides)
+        return _evaluate(play, out, state)
 
 
-def _evaluate(
-    cfg: DictConfig, out: Path, state: dict[str, Any] | None, overrides: Sequence[str]
-) -> dict[str, float]:
-    from ragen2.config import build, with_saved_settings
+def _evaluate(play: Played, out: Path, state: dict[str, Any] | None) -> dict[str, float]:
     from ragen2.data.evaluation import evaluate, heldout_seeds
-    from ragen2.data.rollout_config import EnvConfig, RolloutConfig
-    from ragen2.models.checkpoint import load_policy, saved_settings
-    from ragen2.models.loading import ModelConfig, load_tokenizer
-    from ragen2.models.placement import Placement
+    from ragen2.models.checkpoint import load_policy
+    from ragen2.models.loading import load_tokenizer
 
-    if state is not None:
-        cfg = with_saved_settings(cfg, saved_settings(state, cfg.checkpoint), overrides)
-    env = settings(EnvConfig, OmegaConf.to_container(cfg.env, resolve=True), "env")
-    rollout = settings(RolloutConfig, build(cfg.rollout, _convert_="all"), "rollout")
-    model = settings(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
-    place = settings(Placement, OmegaConf.to_container(cfg.trainer, resolve=True), "trainer")
+    cfg, env, rollout, model, place = play.cfg, play.env, play.rollout, play.model, play.place
+    assert env is not None and rollout is not None, "evaluation samples: played() built its env and rollout"
     tokenizer = load_tokenizer(model.name_or_path)
     sampler = rollout.sampler(tokenizer)
     policy = load_policy(model.name_or_path, cfg.checkpoint, model.dtype, state)

@@ -93,7 +93,8 @@ class Output:
 def check_output(out: Output, inputs: Mapping[str, str | Path | None], overwrite: bool) -> None:
     """Refuse ``out`` where it cannot be written, holds one of ``inputs`` (key -> the path the program reads,
     None for none), would remove a training run's files (a whole folder) or, unless ``overwrite``, another
-    run's results; then create its folder."""
+    run's results. It writes nothing: the program's claim on the folder makes it (``ragen2.lifecycle.folder``),
+    so a run refused by a later check leaves no folder behind."""
     problem = unwritable(out.folder.absolute())
     if problem:
         raise ConfigError(
@@ -108,7 +109,6 @@ def check_output(out: Output, inputs: Mapping[str, str | Path | None], overwrite
             f"{out.key}={out.path} would replace an earlier run's results ({', '.join(held)}). Fix: "
             f"overwrite=true to replace them, or {out.key}=<another {out.kind}>"
         )
-    out.folder.mkdir(parents=True, exist_ok=True)
 
 
 def check_apart(
