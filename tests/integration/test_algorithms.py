@@ -145,8 +145,9 @@ def test_sharing_the_prompt_pass_does_not_change_the_update(algo: str, train, mo
     from ragen2.models import forward
 
     calls = []
-    shared_pass = forward.shared_prefix_hidden
-    monkeypatch.setattr(forward, "shared_prefix_hidden", lambda *a: calls.append(1) or shared_pass(*a))
+    for name in ("packed_prefix_hidden", "shared_prefix_hidden"):
+        shared_pass = getattr(forward, name)
+        monkeypatch.setattr(forward, name, lambda *a, run=shared_pass: calls.append(1) or run(*a))
     base = ["iterations=1", f"algo={algo}", "filter=none", "algo.mini_batch_size=16"]
     plain, _ = train(base, name="plain")
     assert not calls

@@ -5,11 +5,14 @@ sampled tokens (``ragen2.algos.logprobs.sampled_logprobs``); a value head on the
 same hidden states.
 
 ``decoder_hidden(..., share_prefix=True)`` runs a prefix that several rows share (a group's rollouts
-all start with the same prompt) once, with gradients, and the rows' remainders on top of its keys and
-values: the same function of the weights, the backward summing the shared prefix's gradient over its
-rows. On single-turn tasks the prompt is most of each row (Bandit: 236 of ~280 tokens), so the update
-runs about a third of the tokens. The numbers equal the plain pass up to float rounding (different
-matmul shapes sum in a different order), which is why it is a switch and not the default.
+all start with the same prompt) once, with gradients: the same function of the weights, the backward
+summing the shared prefix's gradient over its rows. On single-turn tasks the prompt is most of each row
+(Bandit: 236 of ~280 tokens), so the update runs about a third of the tokens. Two layouts: packed rows
+(``packed_prefix_hidden``: each group's prefix and then its rows' own tokens in one row, under a mask; one
+forward) where every packed row fits ``PACKED_MAX_WIDTH`` and the attention takes a 4-D mask, else the
+rows' remainders on the prefix's cached keys and values (``shared_prefix_hidden``: a forward per prefix
+length and one more). The numbers equal the plain pass up to float rounding (different matmul shapes sum
+in a different order), which is why it is a switch and not the default.
 
 A row that packs several sequences (one per turn, where the chat template rewrites earlier turns:
 ``rollout.layout=per_turn``) runs each sequence alone, on its own context (``packed_hidden``): the row's
@@ -81,11 +84,14 @@ def decoder_hidden(
             attention_mask,
             sequence_index,
         )
-    checkpointed = getattr(model, "is_gradient_checkpointing", False) and model.training
-    if share_prefix and not checkpointed:  # checkpointed layers return no keys/values to build on
+    if share_prefix:
         groups = prefix_groups(input_ids, attention_mask)
         if any(len(g.rows) > 1 for g in groups):
-            return shared_prefix_hidden(model, input_ids, attention_mask, groups)
+            if packs(model, attention_mask, groups):
+                return packed_prefix_hidden(model, input_ids, attention_mask, groups)
+            # checkpointed layers return no keys/values to build on
+            if not (getattr(model, "is_gradient_checkpointing", False) and model.training):
+                return shared_prefix_hidden(model, input_ids, attention_mask, groups)
     return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
@@ -139,6 +145,85 @@ def prefix_groups(
         groups.append(PrefixGroup(rows, length))
         k = i
     return sorted(groups, key=lambda g: g.rows[0])
+
+
+#: the widest packed row (a group's prefix and its rows' own tokens) ``packed_prefix_hidden`` runs: its [W, W]
+#: mask and attention grow with the square of the width, a cached prefix's per row with the row's length
+PACKED_MAX_WIDTH = 1024
+#: attention implementations that take an arbitrary 4-D mask (flash attention takes none)
+MASKED_ATTENTION = ("sdpa", "eager")
+
+
+def _packed_lengths(attention_mask: torch.Tensor, groups: list[PrefixGroup]) -> list[int]:
+    """Each group's packed width: its prefix once, then each row's tokens after it."""
+    lengths = attention_mask.sum(-1).tolist()
+    return [g.length + sum(int(lengths[r]) - g.length for r in g.rows) for g in groups]
+
+
+def packs(model: Any, attention_mask: torch.Tensor, groups: list[PrefixGroup]) -> bool:
+    """Whether ``packed_prefix_hidden`` runs these groups: the model's attention takes a 4-D mask and every
+    packed row fits ``PACKED_MAX_WIDTH``."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return (
+        implementation in MASKED_ATTENTION
+        and max(_packed_lengths(attention_mask, groups)) <= PACKED_MAX_WIDTH
+    )
+
+
+def packed_prefix_hidden(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[PrefixGroup]
+) -> torch.Tensor:
+    """[b, T, H] hidden states from one forward of packed rows: each group's prefix once, then each of its
+    rows' own tokens, a row's tokens attending to the prefix and (causally) to themselves, at their own
+    positions (the prefix's length onwards).
+
+    One forward where ``shared_prefix_hidden`` runs one per prefix length and one more on the cache: a small
+    model's pass is mostly per-call cost (the organism's update step: 2–3× faster forward and backward), and
+    the backward sums the prefix's gradient over its rows through the indexing that reads its states back.
+    """
+    b, width = input_ids.shape
+    device = input_ids.device
+    lengths = attention_mask.sum(-1).tolist()
+    # segments (source row, first column, length, packed row, first packed column, segment id: 0 = the prefix)
+    segments: list[tuple[int, int, int, int, int, int]] = []
+    start_of = [0] * b  # where each row's own tokens begin in its packed row
+    row_of = [0] * b
+    for n, g in enumerate(groups):
+        segments.append((g.rows[0], 0, g.length, n, 0, 0))
+        at = g.length
+        for k, r in enumerate(g.rows):
+            own = int(lengths[r]) - g.length
+            segments.append((r, g.length, own, n, at, k + 1))
+            start_of[r], row_of[r], at = at, n, at + own
+    src_row, src_col, size, packed_row, packed_col, segment = (
+        torch.tensor(x, device=device) for x in zip(*segments, strict=True)
+    )
+    owner = torch.repeat_interleave(torch.arange(len(segments), device=device), size)  # [tokens]
+    within = torch.arange(owner.numel(), device=device) - (torch.cumsum(size, 0) - size)[owner]
+    at = (packed_row[owner], packed_col[owner] + within)
+    columns = src_col[owner] + within  # a token's column in its row is its position (right padding)
+    packed_width = max(_packed_lengths(attention_mask, groups))
+    ids = input_ids.new_zeros((len(groups), packed_width)).index_put(at, input_ids[src_row[owner], columns])
+    positions = torch.zeros_like(ids).index_put(at, columns)
+    seg = torch.full_like(ids, -1).index_put(at, segment[owner])  # -1: padding
+    # a token sees the prefix and its own segment, causally; padding sees itself only (no empty softmax row)
+    step = torch.arange(packed_width, device=device)
+    allowed = (step[:, None] >= step[None, :]) & (
+        (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])
+    ) & (seg[:, None, :] >= 0) | torch.eye(packed_width, dtype=torch.bool, device=device)
+    dtype = model.get_input_embeddings().weight.dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
+    out = model.get_decoder()(
+        input_ids=ids, attention_mask=mask[:, None], position_ids=positions
+    ).last_hidden_state  # [groups, packed width, H]
+    # position t of a row: its prefix's state for t < the prefix's length, else its own token's
+    prefix = torch.tensor([groups[row_of[r]].length for r in range(b)], device=device)[:, None]
+    t = torch.arange(width, device=device)[None, :]
+    own = torch.tensor(start_of, device=device)[:, None] + t - prefix
+    column = torch.where(t < prefix, t, own).clamp(0, packed_width - 1)  # padding reads some state
+    return out[torch.tensor(row_of, device=device)[:, None], column]
 
 
 def shared_prefix_hidden(

@@ -111,7 +111,8 @@ class AlgoConfig:
     share_prompt_prefix: bool = False
     """Run a prompt that several rows of a micro-batch share (a group's rollouts) once in the update's
     forwards, its gradient summed over the rows: equal up to float rounding, far fewer tokens on
-    single-turn tasks. Not under gradient checkpointing (falls back to the plain pass) or FSDP (refused)."""
+    single-turn tasks. Under gradient checkpointing only where the rows pack into one forward
+    (``ragen2.models.forward``; else the plain pass); not under FSDP (refused)."""
     loss_scaling: str = "none"
     """Scale the advantages by the filter's kept ratio: none | linear | sqrt."""
     max_empty_iterations: int = 10

@@ -214,7 +214,15 @@ class _Stops:
 @dataclass
 class _Prefix:
     ids: tuple[int, ...]  # the tokens whose keys/values are held
-    kv: KV  # per layer [1, kv_heads, len(ids), head_dim]
+    held: (
+        KV | Callable[[], KV]
+    )  # per layer [1, kv_heads, len(ids), head_dim], or what cuts them out once asked
+
+    @property
+    def kv(self) -> KV:
+        if callable(self.held):
+            self.held = self.held()
+        return self.held
 
 
 def _longest_source(prompt: Sequence[int], sources: Sequence[_Prefix]) -> _Prefix | None:
@@ -588,7 +596,9 @@ class HFSampler:
 
         A row whose positions are one run (no padding inside: every row of a first turn's groups) holds a
         view of the batch's cache; the others are copied out by one indexing per layer (their positions
-        padded to the longest), each a view of that copy."""
+        padded to the longest), each a view of that copy. They are cut out when a later turn first asks for
+        one: a last turn's (every turn of a single-turn task) never are, which was a tenth of the organism's
+        rollout. Nothing writes the batch's cache after its last step (the next batch has its own)."""
         if not self.reuse_prefix or cache is None:
             return []
         for layer in cache.layers:
@@ -596,31 +606,42 @@ class HFSampler:
                 layer.written(written)  # a recorded step writes without moving the layer's views
         layers = cache_layers(cache, "HFSampler prefix reuse")
         width = prompt_mask.shape[1]
-        rows = [
-            torch.nonzero(prompt_mask[i]).squeeze(-1).tolist() + list(range(width, width + len(ids[i]) - 1))
-            for i in range(len(prompts))
-        ]
-        kv: list[KV] = [
-            [(k[i : i + 1, :, r[0] : r[-1] + 1], v[i : i + 1, :, r[0] : r[-1] + 1]) for k, v in layers]
-            if r[-1] - r[0] + 1 == len(r)
-            else []
-            for i, r in enumerate(rows)
-        ]
-        gaps = [i for i, held in enumerate(kv) if not held]
-        if gaps:
-            longest = max(len(rows[i]) for i in gaps)
-            device = layers[0][0].device
-            positions = torch.tensor([rows[i] + [0] * (longest - len(rows[i])) for i in gaps], device=device)
-            batch = torch.tensor(gaps, device=device)[:, None]
-            # [rows, longest, kv_heads, head_dim] seen as [rows, kv_heads, longest, head_dim]
-            picked = [
-                (k[batch, :, positions].transpose(1, 2), v[batch, :, positions].transpose(1, 2))
-                for k, v in layers
+
+        @functools.cache
+        def views() -> list[KV]:
+            rows = [
+                torch.nonzero(prompt_mask[i]).squeeze(-1).tolist()
+                + list(range(width, width + len(ids[i]) - 1))
+                for i in range(len(prompts))
             ]
-            for j, i in enumerate(gaps):
-                n = len(rows[i])
-                kv[i] = [(k[j : j + 1, :, :n], v[j : j + 1, :, :n]) for k, v in picked]
-        return [_Prefix((*p, *ids[i][:-1]), kv[i]) for i, p in enumerate(prompts)]
+            kv: list[KV] = [
+                [(k[i : i + 1, :, r[0] : r[-1] + 1], v[i : i + 1, :, r[0] : r[-1] + 1]) for k, v in layers]
+                if r[-1] - r[0] + 1 == len(r)
+                else []
+                for i, r in enumerate(rows)
+            ]
+            gaps = [i for i, held in enumerate(kv) if not held]
+            if gaps:
+                longest = max(len(rows[i]) for i in gaps)
+                device = layers[0][0].device
+                positions = torch.tensor(
+                    [rows[i] + [0] * (longest - len(rows[i])) for i in gaps], device=device
+                )
+                batch = torch.tensor(gaps, device=device)[:, None]
+                # [rows, longest, kv_heads, head_dim] seen as [rows, kv_heads, longest, head_dim]
+                picked = [
+                    (k[batch, :, positions].transpose(1, 2), v[batch, :, positions].transpose(1, 2))
+                    for k, v in layers
+                ]
+                for j, i in enumerate(gaps):
+                    n = len(rows[i])
+                    kv[i] = [(k[j : j + 1, :, :n], v[j : j + 1, :, :n]) for k, v in picked]
+            return kv
+
+        return [
+            _Prefix((*p, *ids[i][:-1]), functools.partial(lambda i: views()[i], i))
+            for i, p in enumerate(prompts)
+        ]
 
 
 @functools.cache

@@ -191,7 +191,7 @@ def _shared_prompt_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, attn, loss
 
 
-def _small_llama() -> LlamaForCausalLM:
+def _small_llama(attention: str = "sdpa") -> LlamaForCausalLM:
     """A 2-layer float64 Llama with grouped-query attention (4 heads over 2 key-value heads)."""
     from transformers import LlamaConfig
 
@@ -202,18 +202,40 @@ def _small_llama() -> LlamaForCausalLM:
         num_key_value_heads=2,
         intermediate_size=128,
         num_hidden_layers=2,
-        attn_implementation="sdpa",
+        attn_implementation=attention,
     )
     return LlamaForCausalLM(config).double()
 
 
-def test_shared_prefix_pass_equals_the_plain_pass_with_gradients() -> None:
-    """decoder_hidden(share_prefix=True) runs each group's prompt once; hidden states and weight gradients
-    equal the plain pass (float64, grouped-query attention, uneven rows)."""
+@pytest.mark.parametrize(
+    ("layout", "attention", "checkpointed"),
+    [
+        ("packed", "sdpa", False),
+        ("packed", "eager", False),
+        ("packed", "sdpa", True),
+        ("cache", "sdpa", False),
+    ],
+)
+def test_shared_prefix_pass_equals_the_plain_pass_with_gradients(
+    layout: str, attention: str, checkpointed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decoder_hidden(share_prefix=True) runs each group's prompt once, in one forward of packed rows or (rows
+    wider than ``PACKED_MAX_WIDTH``) on its cached keys and values; hidden states and weight gradients equal
+    the plain pass (float64, grouped-query attention, uneven rows, a lone row; SDPA and eager attention; the
+    packed layout under gradient checkpointing too)."""
+    from ragen2.models import forward
     from ragen2.models.forward import prefix_groups
 
+    passes = {"packed": [], "cache": []}
+    for name, fn in (("packed", "packed_prefix_hidden"), ("cache", "shared_prefix_hidden")):
+        run = getattr(forward, fn)
+        monkeypatch.setattr(forward, fn, lambda *a, run=run, name=name: passes[name].append(1) or run(*a))
+    if layout == "cache":
+        monkeypatch.setattr(forward, "PACKED_MAX_WIDTH", 16)  # each group's packed row is wider
     torch.manual_seed(0)
-    model = _small_llama().train()
+    model = _small_llama(attention).train()
+    if checkpointed:
+        model.gradient_checkpointing_enable()
     ids, attn, _ = _shared_prompt_batch()
     groups = prefix_groups(ids, attn)
     assert [(g.rows, g.length) for g in groups] == [([0, 1, 2], 12), ([3, 4, 5], 10), ([6], 0)]
@@ -226,18 +248,30 @@ def test_shared_prefix_pass_equals_the_plain_pass_with_gradients() -> None:
         grads = torch.cat([p.grad.flatten() for p in model.model.parameters()])  # the trunk (no LM head)
         results.append((hidden.detach()[attn.bool()], grads))
     (h0, g0), (h1, g1) = results
-    torch.testing.assert_close(h1, h0, rtol=1e-10, atol=1e-10)
+    assert len(passes[layout]) == 1 and sum(map(len, passes.values())) == 1
+    # eager attention takes its softmax in float32 (transformers' eager_attention_forward), over rows of
+    # other widths than the plain pass's: float32 rounding
+    tol = 1e-10 if attention == "sdpa" else 1e-5
+    torch.testing.assert_close(h1, h0, rtol=tol, atol=tol)
     # float64, yet the shared prefix's gradients (summed over its rows) agree only to ~1e-7 of the largest
     # entry: some kernel on this path accumulates in float32; far inside float32 training's own rounding
     torch.testing.assert_close(g1, g0, rtol=1e-6, atol=1e-6 * float(g0.abs().max()))
     assert g0.abs().max() > 0
 
 
-def test_groups_share_their_whole_prompt_rather_than_the_system_prefix_all_rows_share() -> None:
+@pytest.mark.parametrize(("width", "forwards"), [(1024, 1), (16, 2)])
+def test_groups_share_their_whole_prompt_rather_than_the_system_prefix_all_rows_share(
+    width: int, forwards: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four groups of three rows whose 20-token prompts share a 10-token system prefix: four groups of their
-    whole prompt skip 4 × 2 × 19 = 152 tokens, one group of every row 11 × 10 = 110; the four prompts, of one
-    length, run in one batched forward, and the pass still equals the plain one."""
+    whole prompt skip 4 × 2 × 19 = 152 tokens, one group of every row 11 × 10 = 110. Packed (each group's
+    prompt then its rows' two tokens each: 26 wide), the batch is one forward; on the cache (rows wider than
+    ``PACKED_MAX_WIDTH``) the four prompts, of one length, run in one batched forward and the rows' own tokens
+    in another; either way the pass equals the plain one."""
+    from ragen2.models import forward
     from ragen2.models.forward import prefix_groups
+
+    monkeypatch.setattr(forward, "PACKED_MAX_WIDTH", width)
 
     torch.manual_seed(0)
     system = list(range(10, 20))
@@ -253,7 +287,7 @@ def test_groups_share_their_whole_prompt_rather_than_the_system_prefix_all_rows_
     with torch.no_grad():
         shared = decoder_hidden(model, ids, attn, share_prefix=True)
     hook.remove()
-    assert len(calls) == 2  # the four prompts together, then every row's own tokens
+    assert len(calls) == forwards
     with torch.no_grad():
         plain = decoder_hidden(model, ids, attn, share_prefix=False)
     torch.testing.assert_close(shared, plain, rtol=1e-10, atol=1e-10)
@@ -273,6 +307,7 @@ def test_a_chunk_holds_the_logit_budget_whatever_the_vocabulary() -> None:
     assert LOGIT_BUDGET == 1024 * 49152
     assert (chunk_rows_for(49152), chunk_rows_for(151936)) == (1024, 331)
     assert chunk_rows_for(10**9) == 1  # a vocabulary above the budget: one row at a time
+    assert chunk_rows_for(998) == 1024  # a small one (the organism's): no more rows than the cache holds
     assert chunk_rows_for(100, budget=250) == 2
 
 

@@ -175,6 +175,8 @@ def test_prefix_reuse_across_turns_and_groups_is_exact(tokenizer, tiny_model, pr
     group = [prompts[0], prompts[0], prompts[1], prompts[2], prompts[2]]
     reuse, fresh = HFSampler(tokenizer, tiny_model), HFSampler(tokenizer, tiny_model, reuse_prefix=False)
     turn1 = reuse.generate(group, params, seed=1)
+    held = list(reuse._held)
+    assert held and all(callable(h.held) for h in held)  # cut out of the batch's cache when first asked for
     assert [s.ids for s in turn1] == [s.ids for s in fresh.generate(group, params, seed=1)]
     _assert_logprobs_match_forward(tiny_model, group, turn1)
     nxt = [
@@ -188,6 +190,7 @@ def test_prefix_reuse_across_turns_and_groups_is_exact(tokenizer, tiny_model, pr
     )
     assert [s.ids for s in turn2] == [s.ids for s in fresh.generate(nxt, params, seed=2)]
     _assert_logprobs_match_forward(tiny_model, nxt, turn2)
+    assert not any(callable(h.held) for h in held)  # every row's next turn read its own
 
 
 def test_in_place_weight_update_drops_held_caches(tokenizer, tiny_model, prompts) -> None:
