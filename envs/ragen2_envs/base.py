@@ -79,7 +79,20 @@ class TextEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self.observation_space = text_space()
         self.action_space = text_space()
-        self.dynamics_rng: np.random.Generator = np.random.default_rng(0)
+        self._dynamics_seed: int | list[int] = 0
+        self._dynamics_rng: np.random.Generator | None = None
+
+    @property
+    def dynamics_rng(self) -> np.random.Generator:
+        """The episode's per-step noise, seeded from ``(seed, sample)``; made when first drawn from (an env
+        without noise never makes it: a tenth of a small model's rollout was making generators)."""
+        if self._dynamics_rng is None:
+            self._dynamics_rng = np.random.default_rng(self._dynamics_seed)
+        return self._dynamics_rng
+
+    @dynamics_rng.setter
+    def dynamics_rng(self, rng: np.random.Generator) -> None:
+        self._dynamics_rng = rng
 
     # ---- what subclasses implement -------------------------------------------------------
     @property
@@ -136,7 +149,7 @@ class TextEnv(gym.Env[str, str]):
         options = dict(options or {})
         sample = int(options.get("sample", 0))
         base = int(self.np_random.integers(0, 2**63 - 1)) if seed is None else int(seed)
-        self.dynamics_rng = np.random.default_rng([base, sample])
+        self._dynamics_seed, self._dynamics_rng = [base, sample], None
         info = self._reset(options)
         info.setdefault("action_is_valid", True)
         info.setdefault("success", False)

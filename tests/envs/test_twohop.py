@@ -114,6 +114,18 @@ def test_reward_noise_flips_rewards_from_the_dynamics() -> None:
     assert again == rewards[7]  # the same sample draws the same flip
 
 
+def test_the_dynamics_are_seeded_by_seed_and_sample_and_made_only_when_drawn_from() -> None:
+    import numpy as np
+
+    env = make(zero_variance_share=0.0)
+    env.reset(seed=3, options={"sample": 7})
+    env.step(env.oracle_action())
+    assert env._dynamics_rng is None  # no reward noise: no draw, no generator made
+    assert env.dynamics_rng.random() == np.random.default_rng([3, 7]).random()
+    env.reset(seed=3, options={"sample": 7})  # a new episode starts its stream again
+    assert env.dynamics_rng.random() == np.random.default_rng([3, 7]).random()
+
+
 def test_the_negative_control_needs_no_middle() -> None:
     env = make(zero_variance_share=0.0, hops=1)
     obs, info = env.reset(seed=5)
