@@ -85,7 +85,7 @@ class TextEnv(gym.Env[str, str]):
     @property
     def dynamics_rng(self) -> np.random.Generator:
         """The episode's per-step noise, seeded from ``(seed, sample)``; made when first drawn from (an env
-        without noise never makes it: a tenth of a small model's rollout was making generators)."""
+        without noise never makes it: the organism made 128 an iteration for nothing)."""
         if self._dynamics_rng is None:
             self._dynamics_rng = np.random.default_rng(self._dynamics_seed)
         return self._dynamics_rng
