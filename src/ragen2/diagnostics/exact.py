@@ -17,7 +17,7 @@ sentence only one way (the organism's word-level vocabulary); under a BPE vocabu
 sentence count as mass outside the grammar.
 
 Cost: the sentences form a prefix tree, scored under each prompt in one forward of the tree's inner nodes
-(each node sees the prompt's cache and its own ancestors), from the prompt caches ``cross_score`` walks: Σ
+(each node sees the prompt's cache and its own ancestors), on prompt caches from one batched forward: Σ
 over prompts of the tree's inner nodes, 547 positions a prompt for the organism's 512 sentences of 4 tokens;
 the LM head runs on those nodes too, each child's log-prob read off its parent's row.
 """
@@ -25,7 +25,7 @@ the LM head runs on those nodes too, each child's log-prob read off its parent's
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,9 +33,9 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from ragen2.algos.logprobs import chunk_rows_for
-from ragen2.diagnostics.cross_scoring import cache_batches, embedding_weight, scoring
+from ragen2.diagnostics.cross_scoring import embedding_weight, scoring
 from ragen2.models.forward import lm_head
-from ragen2.models.kv import as_cache, cache_layers, cache_len
+from ragen2.models.kv import KV, as_cache, cache_layers, cache_len
 
 EXACT = "exact"  # the figures' name: diag/exact/*
 EXACT_KEYS = ("mi", "cond_entropy", "entropy", "grammar_mass", "mi_upper_bound", "prompts", "sentences")
@@ -108,8 +108,8 @@ def grammar_logprobs(
 ) -> Tensor:
     """[P, G] float64 ``log π(sentence g | prompt p)``: each sentence's ids summed under teacher forcing.
 
-    The prompts' caches come from one walk of their prefix tree; prompts of one length then score the
-    sentence tree together, as many per forward as fit ``max_batch_positions`` (``cache_batches``), one
+    Prompts of one length score the sentence tree together, as many per forward as fit
+    ``max_batch_positions``, on their caches from one batched forward (``_prompt_batches``), one
     forward per depth of the tree on the cache the shallower depths left (the deepest depth in segments): a
     node attends to the prompt, its ancestors and itself, so the attention is each segment's nodes × (prompt +
     the shallower nodes + the segment), not every node × every node."""
@@ -135,7 +135,7 @@ def grammar_logprobs(
     out = torch.zeros(len(distinct), len(sentences), dtype=torch.float64)
     columns = max(1, max_batch_positions // len(order))
     with scoring(model):
-        for rows, stacked, _ in cache_batches(model, distinct, "exact MI", columns):
+        for rows, stacked in _prompt_batches(model, distinct, columns):
             past = cache_len(stacked)
             inputs = torch.tensor([[distinct[j][-1], *(tree.token[n] for n in order[1:])] for j in rows])
             kv, hidden = stacked, []
@@ -171,6 +171,27 @@ def grammar_logprobs(
             )
             out[rows] = logp.double().cpu().view(len(rows), -1) @ paths.T
     return out
+
+
+def _prompt_batches(
+    model: PreTrainedModel, prompts: Sequence[tuple[int, ...]], columns: int
+) -> Iterator[tuple[list[int], KV | None]]:
+    """Prompts of one length, up to ``columns`` at a time: their indices and their caches (each prompt but its
+    last token, stacked along the batch) from one forward. The held-out prompts are few and short: one
+    batched forward beats ``cache_batches``'s walk of their prefix tree, a forward per prompt (64 → 1 for the
+    organism). Call it under ``scoring``."""
+    by_length: dict[int, list[int]] = {}
+    for j, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(j)
+    for same in by_length.values():
+        for start in range(0, len(same), columns):
+            rows = same[start : start + columns]
+            if len(prompts[rows[0]]) == 1:  # nothing before the last token: no cache
+                yield rows, None
+                continue
+            ids = torch.tensor([prompts[j][:-1] for j in rows], device=model.device)
+            out = model.get_decoder()(input_ids=ids, use_cache=True)
+            yield rows, cache_layers(out.past_key_values, "exact MI")
 
 
 def child_logprobs(
