@@ -103,13 +103,13 @@ def grammar_logprobs(
     model: PreTrainedModel,
     prompts: Sequence[Sequence[int]],
     sentences: Sequence[Sequence[int]],
-    max_batch_positions: int = 1
-    << 16,  # the organism's 64 prompts × 547 nodes: one batch, a third of the forwards
+    max_batch_positions: int = 1 << 16,
 ) -> Tensor:
     """[P, G] float64 ``log π(sentence g | prompt p)``: each sentence's ids summed under teacher forcing.
 
     Prompts of one length score the sentence tree together, as many per forward as fit
-    ``max_batch_positions``, on their caches from one batched forward (``_prompt_batches``), one
+    ``max_batch_positions`` (2¹⁶: the organism's 64 prompts × 547 nodes in one batch), on their caches from one
+    batched forward (``_prompt_batches``), one
     forward per depth of the tree on the cache the shallower depths left (the deepest depth in segments): a
     node attends to the prompt, its ancestors and itself, so the attention is each segment's nodes × (prompt +
     the shallower nodes + the segment), not every node × every node."""

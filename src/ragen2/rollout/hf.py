@@ -97,9 +97,8 @@ def _draw(
         # torch.multinomial(probs, 1) draws exactly this (argmax of p / q, q ~ Exp(1)) after a validity
         # check that copies a flag to the host: a sync per token on a GPU
         race = _exponential(probs, generator)
-        token = (
-            (probs / race).max(-1).indices
-        )  # argmax's first maximal index, in a third of its time on the CPU
+        # max's index is argmax's (the first maximal one), in a third of its time on the CPU
+        token = (probs / race).max(-1).indices
         probs_all = logp_all.exp() if filtered else probs
     else:
         token = logits.argmax(-1)
@@ -217,9 +216,8 @@ class _Stops:
 @dataclass
 class _Prefix:
     ids: tuple[int, ...]  # the tokens whose keys/values are held
-    held: (
-        KV | Callable[[], KV]
-    )  # per layer [1, kv_heads, len(ids), head_dim], or what cuts them out once asked
+    # per layer [1, kv_heads, len(ids), head_dim], or what cuts them out of the batch's cache once asked
+    held: KV | Callable[[], KV]
 
     @property
     def kv(self) -> KV:
