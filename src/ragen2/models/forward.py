@@ -188,13 +188,16 @@ def packed_prefix_hidden(
     segments: list[tuple[int, int, int, int, int, int]] = []
     start_of = [0] * b  # where each row's own tokens begin in its packed row
     row_of = [0] * b
+    prefix_of = [0] * b
+    packed_width = 0
     for n, g in enumerate(groups):
         segments.append((g.rows[0], 0, g.length, n, 0, 0))
         at = g.length
         for k, r in enumerate(g.rows):
             own = int(lengths[r]) - g.length
             segments.append((r, g.length, own, n, at, k + 1))
-            start_of[r], row_of[r], at = at, n, at + own
+            start_of[r], row_of[r], prefix_of[r], at = at, n, g.length, at + own
+        packed_width = max(packed_width, at)
     src_row, src_col, size, packed_row, packed_col, segment = (
         torch.tensor(x, device=device) for x in zip(*segments, strict=True)
     )
@@ -202,7 +205,6 @@ def packed_prefix_hidden(
     within = torch.arange(owner.numel(), device=device) - (torch.cumsum(size, 0) - size)[owner]
     at = (packed_row[owner], packed_col[owner] + within)
     columns = src_col[owner] + within  # a token's column in its row is its position (right padding)
-    packed_width = max(_packed_lengths(attention_mask, groups))
     ids = input_ids.new_zeros((len(groups), packed_width)).index_put(at, input_ids[src_row[owner], columns])
     positions = torch.zeros_like(ids).index_put(at, columns)
     seg = torch.full_like(ids, -1).index_put(at, segment[owner])  # -1: padding
@@ -219,7 +221,7 @@ def packed_prefix_hidden(
         input_ids=ids, attention_mask=mask[:, None], position_ids=positions
     ).last_hidden_state  # [groups, packed width, H]
     # position t of a row: its prefix's state for t < the prefix's length, else its own token's
-    prefix = torch.tensor([groups[row_of[r]].length for r in range(b)], device=device)[:, None]
+    prefix = torch.tensor(prefix_of, device=device)[:, None]
     t = torch.arange(width, device=device)[None, :]
     own = torch.tensor(start_of, device=device)[:, None] + t - prefix
     column = torch.where(t < prefix, t, own).clamp(0, packed_width - 1)  # padding reads some state
